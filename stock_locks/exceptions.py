@@ -1,0 +1,73 @@
+"""Typed errors. Every error stock_locks raises derives from StockLocksError.
+
+Errors say who is at fault: caller misuse (``LockError`` and friends raised
+before any round trip), lost ownership (``LockNotOwned``, only when Redis says
+the token no longer matches), the business outcome (``OutOfStock``) and bad
+input (``InvalidQuantity``).
+"""
+
+from __future__ import annotations
+
+
+class StockLocksError(Exception):
+    """Base class of every stock_locks error."""
+
+
+class LockError(StockLocksError):
+    """A lock was used wrongly, or could not be granted. ``name`` is the lock's name."""
+
+    def __init__(self, message: str, *, name: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class LockTimeout(LockError):
+    """The lock was not granted within ``timeout`` seconds."""
+
+    def __init__(self, message: str, *, name: str | None = None, timeout: float | None = None):
+        super().__init__(message, name=name)
+        self.timeout = timeout
+
+
+class LockNotOwned(LockError):
+    """Redis says this holder's token no longer owns the lock (expired or taken over)."""
+
+
+class LockNotReplicated(LockError):
+    """Fewer replicas than required confirmed the grant; the grant was undone."""
+
+    def __init__(self, message: str, *, name: str | None = None, required: int, confirmed: int):
+        super().__init__(message, name=name)
+        self.required = required
+        self.confirmed = confirmed
+
+
+class StaleFencingToken(StockLocksError):
+    """A fenced write carried a fencing token older than the one already stored."""
+
+    def __init__(self, message: str, *, fence: int, current: int | None = None) -> None:
+        super().__init__(message)
+        self.fence = fence
+        self.current = current
+
+
+class RedisUnavailable(StockLocksError):
+    """Redis could not be reached; nothing was changed by the failed call."""
+
+
+class OutOfStock(StockLocksError):
+    """A cart line asked for more than is available. Nothing was reserved."""
+
+    def __init__(self, sku: str, requested: int, available: int) -> None:
+        super().__init__(f"out of stock: {sku!r} asked {requested}, available {available}")
+        self.sku = sku
+        self.requested = requested
+        self.available = available
+
+
+class InvalidQuantity(StockLocksError, ValueError):
+    """A cart or quantity is malformed (bad qty, unknown SKU, duplicate line, too large)."""
+
+    def __init__(self, message: str, *, sku: str | None = None) -> None:
+        super().__init__(message)
+        self.sku = sku

@@ -1,0 +1,53 @@
+"""The Lua scripts, loaded once from ``stock_locks/lua/`` and run by SHA.
+
+Each script is a ``redis.commands.core.Script`` built from the file's bytes, so
+it is bound to no client: call it with ``client=`` (a client or a pipeline).
+EVALSHA falls back to SCRIPT LOAD on NOSCRIPT, so a restarted or new server
+needs no preparation. An asyncio client can run the same source through
+``redis.commands.core.AsyncScript(None, script.script)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+
+def load(name: str) -> Script:
+    """The script in ``lua/<name>.lua``."""
+    source = resources.files(__package__).joinpath("lua", f"{name}.lua").read_bytes()
+    return Script(None, source)
+
+
+LOCK_ACQUIRE = load("lock_acquire")
+LOCK_RELEASE = load("lock_release")
+LOCK_EXTEND = load("lock_extend")
+
+
+def run_batch(client: Any, calls: Sequence[tuple[Script, Sequence, Sequence]]) -> list:
+    """Run several script calls in one round trip (a non-transactional pipeline).
+
+    Returns one reply per call; a call that failed inside Redis gives its
+    exception object instead of raising. When the server does not know a script
+    (it restarted), the scripts are loaded and the whole batch runs once more,
+    so every call in a batch must be safe to repeat.
+    """
+    for attempt in range(2):
+        pipe = client.pipeline(transaction=False)
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        results = pipe.execute(raise_on_error=False)
+        missing = {id(calls[i][0]): calls[i][0] for i, r in enumerate(results) if _noscript(r)}
+        if not missing or attempt:
+            return results
+        for script in missing.values():
+            client.script_load(script.script)
+    return results
+
+
+def _noscript(reply: object) -> bool:
+    return isinstance(reply, NoScriptError)

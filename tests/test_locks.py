@@ -1,0 +1,385 @@
+"""stock_locks.Lock against a real redis-server, with real processes where it matters."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+
+import pytest
+import redis
+from django.test import override_settings
+
+from stock_locks import Lock
+from stock_locks.exceptions import LockError, LockNotOwned, LockNotReplicated, LockTimeout
+from stock_locks.locks import Watchdog
+from tests.support.processes import event, run_in_processes, start_process
+from tests.support.waiting import TIMEOUT, wait_until
+
+
+def commandstats(client) -> dict[str, int]:
+    return {name: stats["calls"] for name, stats in client.info("commandstats").items()}
+
+
+def blocked_clients(client) -> int:
+    return client.info("clients")["blocked_clients"]
+
+
+# -- grant, metadata, round trips ----------------------------------------------
+
+
+def test_grant_sets_token_fence_and_holder_metadata_with_one_lease(redis_client):
+    lock = Lock("order:42", ttl=20)
+    assert lock.acquire()
+    assert len(lock.token) == 32  # 128 random bits, hex
+    assert lock.fence == 1
+    assert redis_client.get("sl:lock:{order:42}").decode() == lock.token
+    holder = {k.decode(): v.decode() for k, v in redis_client.hgetall("sl:lock:{order:42}:holder").items()}
+    assert holder["token"] == lock.token
+    assert holder["fence"] == "1"
+    assert holder["count"] == "1"
+    assert holder["pid"].isdigit() and holder["host"] and holder["thread"] == "MainThread"
+    assert holder["caller"].endswith("test_grant_sets_token_fence_and_holder_metadata_with_one_lease")
+    server_ms = int(redis_client.time()[0]) * 1000
+    assert abs(int(holder["acquired_at"]) - server_ms) < 5_000  # the Redis clock, in ms
+    for key in ("sl:lock:{order:42}", "sl:lock:{order:42}:holder"):
+        assert 15_000 < redis_client.pttl(key) <= 20_000
+    assert redis_client.ttl("sl:lock:{order:42}:fence") == -1  # the fence counter never expires
+    lock.release()
+    assert not redis_client.exists("sl:lock:{order:42}", "sl:lock:{order:42}:holder")
+
+
+class CountingConnection(redis.Connection):
+    """A real connection that counts the replies it reads (one per round trip)."""
+
+    replies = 0
+
+    def read_response(self, *args, **kwargs):
+        CountingConnection.replies += 1
+        return super().read_response(*args, **kwargs)
+
+
+def test_uncontended_cycle_is_two_round_trips(redis_server, redis_client):
+    client = redis.Redis(
+        connection_pool=redis.ConnectionPool(
+            host="127.0.0.1", port=redis_server.port, connection_class=CountingConnection
+        )
+    )
+    lock = Lock("cycle", ttl=5, redis=client)
+    lock.acquire()
+    lock.release()  # scripts loaded
+    CountingConnection.replies = 0
+    redis_client.config_resetstat()
+    for _ in range(10):
+        lock.acquire()
+        lock.release()
+    assert CountingConnection.replies == 20
+    assert commandstats(redis_client)["cmdstat_evalsha"] == 20
+
+
+def test_all_keys_of_a_lock_share_one_hash_slot(redis_client):
+    from redis.crc import key_slot
+
+    lock = Lock("{weird}name:}x", ttl=5)
+    assert len({key_slot(k.encode()) for k in lock.keys}) == 1
+
+
+def test_retried_acquire_with_the_same_token_is_granted_the_same_fence(redis_client):
+    lock = Lock("retry", ttl=5)
+    first = lock.do_acquire("t" * 32, 0)
+    second = lock.do_acquire("t" * 32, 0)  # the reply of the first was "lost"
+    assert first == second == (True, 1, 1)
+    assert redis_client.get("sl:lock:{retry}:fence") == b"1"
+
+
+# -- ownership -------------------------------------------------------------------
+
+
+def test_only_the_owner_releases(redis_client):
+    owner = Lock("order:7", ttl=10)
+    assert owner.acquire()
+    other = Lock("order:7", ttl=10, timeout=0)
+    assert not other.acquire()
+    with pytest.raises(LockError):
+        other.release()  # never held: refused before any round trip
+    # Stage the loss of ownership: someone else's token now holds the key.
+    redis_client.set("sl:lock:{order:7}", "intruder", px=10_000)
+    with pytest.raises(LockNotOwned):
+        owner.release()
+    assert redis_client.get("sl:lock:{order:7}") == b"intruder"
+    assert owner.lost
+
+
+def test_extend_works_only_for_the_owner(redis_client):
+    lock = Lock("ext", ttl=2)
+    lock.acquire()
+    lock.extend(60)
+    assert 55_000 < redis_client.pttl("sl:lock:{ext}") <= 60_000
+    assert 55_000 < redis_client.pttl("sl:lock:{ext}:holder") <= 60_000
+    redis_client.set("sl:lock:{ext}", "intruder", px=3_000)
+    with pytest.raises(LockNotOwned):
+        lock.extend(60)
+    assert redis_client.pttl("sl:lock:{ext}") <= 3_000  # the intruder's lease untouched
+    with pytest.raises(LockError):
+        Lock("ext2").extend(5)
+
+
+def test_expired_lock_is_free_to_others(redis_client):
+    holder = Lock("exp", ttl=30)
+    holder.acquire()
+    redis_client.pexpire("sl:lock:{exp}", 1)  # the lease runs out now
+    wait_until(lambda: not redis_client.exists("sl:lock:{exp}"), what="expiry")
+    other = Lock("exp", ttl=30, timeout=0)
+    assert other.acquire()
+    assert other.fence == holder.fence + 1
+    with pytest.raises(LockNotOwned):
+        holder.release()
+    assert other.owned()
+
+
+def test_waiter_whose_holder_died_is_granted_when_the_lease_runs_out(redis_client):
+    # No release ever comes: the waiter's wait is bounded by the holder's PTTL.
+    Lock("dead", ttl=0.3).acquire()
+    waiter = Lock("dead", ttl=5, timeout=TIMEOUT)
+    assert waiter.acquire()
+    assert waiter.fence == 2
+
+
+def test_fences_strictly_increase_across_grants():
+    fences = []
+    for _ in range(5):
+        with Lock("fence-seq", ttl=5) as lock:
+            fences.append(lock.fence)
+    assert fences == sorted(set(fences)) and len(fences) == 5
+
+
+def test_context_manager_raises_lock_timeout_when_busy():
+    with Lock("busy", ttl=10), pytest.raises(LockTimeout) as info:
+        with Lock("busy", ttl=10, timeout=0):
+            pass
+    assert info.value.name == "busy"
+
+
+def test_bad_arguments_are_refused_before_any_round_trip(redis_client):
+    redis_client.config_resetstat()
+    for bad in (dict(name="", ttl=5), dict(name="x", ttl=0), dict(name="x", ttl=-1)):
+        with pytest.raises(LockError):
+            Lock(bad["name"], bad["ttl"])
+    with pytest.raises(LockError):
+        Lock("x", timeout=-1)
+    lock = Lock("x", ttl=5)
+    with pytest.raises(LockError):
+        lock.acquire(timeout=-2)
+    assert "cmdstat_evalsha" not in commandstats(redis_client)
+    lock.acquire()
+    with pytest.raises(LockError):
+        lock.extend(0)
+    with pytest.raises(LockError):
+        lock.acquire()  # already held by this non-reentrant object
+
+
+# -- reentrancy ------------------------------------------------------------------
+
+
+def test_reentrant_owner_counts_holds_and_only_the_last_release_frees(redis_client):
+    outer = Lock("re", ttl=10, reentrant=True)
+    inner = Lock("re", ttl=10, reentrant=True)  # same thread: same owner
+    assert outer.acquire()
+    assert inner.acquire()
+    assert outer.acquire()
+    assert redis_client.hget("sl:lock:{re}:holder", "count") == b"3"
+    assert outer.fence == inner.fence == 1  # re-entry keeps the grant's fence
+
+    def other_thread(result):
+        result.append(Lock("re", ttl=10, reentrant=True, timeout=0).acquire())
+
+    seen: list[bool] = []
+    thread = threading.Thread(target=other_thread, args=(seen,))
+    thread.start()
+    thread.join()
+    assert seen == [False]  # another thread is another owner
+
+    inner.release()
+    outer.release()
+    assert redis_client.hget("sl:lock:{re}:holder", "count") == b"1"
+    assert redis_client.exists("sl:lock:{re}")
+    outer.release()
+    assert not redis_client.exists("sl:lock:{re}")
+    with Lock("re", ttl=10, reentrant=True) as again:
+        assert again.fence == 2
+
+
+# -- wake-up on release ------------------------------------------------------------
+
+
+def _hold_until(name: str, acquired, release) -> None:
+    with Lock(name, ttl=300):
+        acquired.set()
+        release.wait(TIMEOUT)
+
+
+def test_waiter_is_woken_by_the_release_not_by_the_lease(redis_client):
+    acquired, release = event(), event()
+    holder = start_process(_hold_until, "handoff", acquired, release)
+    assert acquired.wait(TIMEOUT)
+    result: list[bool] = []
+    waiter = threading.Thread(
+        target=lambda: result.append(Lock("handoff", ttl=5, timeout=TIMEOUT).acquire())
+    )
+    waiter.start()
+    # The waiter sleeps inside BLPOP (it is not polling)...
+    wait_until(lambda: blocked_clients(redis_client) == 1, what="waiter blocked in BLPOP")
+    evalsha_while_blocked = commandstats(redis_client)["cmdstat_evalsha"]
+    release.set()
+    waiter.join(TIMEOUT)
+    holder.join(TIMEOUT)
+    # ...and was granted although the holder's lease (300 s) is far longer than
+    # its own timeout: only the release can have woken it.
+    assert result == [True]
+    # One refused try before blocking, then: the holder's release and its grant.
+    assert commandstats(redis_client)["cmdstat_evalsha"] == evalsha_while_blocked + 2
+
+
+def _increment_under_lock(index: int, rounds: int) -> list[tuple[int, int]]:
+    from stock_locks.connection import get_redis
+
+    client = get_redis()
+    seen = []
+    for _ in range(rounds):
+        with Lock("counter", ttl=10, timeout=TIMEOUT) as lock:
+            value = int(client.get("counter") or 0)  # a non-atomic read-modify-write
+            client.set("counter", value + 1)
+            seen.append((value, lock.fence))
+    return seen
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mutual_exclusion_across_8_processes(redis_client):
+    per_process = run_in_processes(_increment_under_lock, 8, 200)
+    assert int(redis_client.get("counter")) == 1600
+    sections = sorted(s for seen in per_process for s in seen)
+    # Every value was read exactly once: no two sections overlapped...
+    assert [value for value, _ in sections] == list(range(1600))
+    # ...and fences strictly increase in the order the sections ran.
+    fences = [fence for _, fence in sections]
+    assert all(a < b for a, b in zip(fences, fences[1:], strict=False))
+
+
+# -- watchdog ------------------------------------------------------------------------
+
+
+def watchdog_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == Watchdog.THREAD_NAME]
+
+
+def hold_for(locks: list[Lock], periods: float, redis_client) -> None:
+    """Keep checking every lock is still owned until ``periods`` leases have passed."""
+    import time
+
+    end = time.monotonic() + periods * locks[0].ttl
+    while time.monotonic() < end:
+        for lock in locks:
+            assert lock.owned(), f"{lock} lost its lease"
+            assert redis_client.pttl(lock.keys.lock) > 0
+        time.sleep(locks[0].ttl / 10)
+
+
+def test_watchdog_keeps_a_lock_alive_past_its_ttl_and_stops_at_release(redis_client):
+    lock = Lock("wd", ttl=0.4, watchdog=True)
+    lock.acquire()
+    hold_for([lock], 3, redis_client)
+    lock.release()
+    assert not redis_client.exists("sl:lock:{wd}")
+    # Watch another watchdog lock get renewed twice; the released one stays gone.
+    probe = Lock("wd-probe", ttl=0.4, watchdog=True)
+    probe.acquire()
+    renewals = 0
+    last = redis_client.pttl(probe.keys.lock)
+    while renewals < 2:
+        now = wait_until(lambda: redis_client.pttl(probe.keys.lock), what="probe pttl")
+        if now > last:
+            renewals += 1
+        last = now
+    assert not redis_client.exists("sl:lock:{wd}", "sl:lock:{wd}:holder")
+    probe.release()
+    assert not lock.lost
+
+
+def test_watchdog_marks_a_lost_lease_and_logs_a_warning(redis_client, caplog):
+    lock = Lock("wd-lost", ttl=0.3, watchdog=True)
+    lock.acquire()
+    redis_client.set("sl:lock:{wd-lost}", "intruder")  # token overwritten behind its back
+    with caplog.at_level(logging.WARNING, logger="stock_locks.lock.renewal"):
+        wait_until(lambda: lock.lost, what="lost flag")
+    assert "lost" in caplog.text and "wd-lost" in caplog.text
+    assert redis_client.get("sl:lock:{wd-lost}") == b"intruder"
+    assert redis_client.ttl("sl:lock:{wd-lost}") == -1  # the intruder's key was not extended
+    with pytest.raises(LockNotOwned):
+        lock.release()
+
+
+def test_fifty_watchdog_locks_share_one_renewal_thread(redis_client):
+    locks = [Lock(f"many:{i}", ttl=0.6, watchdog=True) for i in range(50)]
+    for lock in locks:
+        lock.acquire()
+    hold_for(locks, 3, redis_client)
+    assert len(watchdog_threads()) == 1
+    for lock in locks:
+        lock.release()
+    assert not any(lock.lost for lock in locks)
+
+
+def _child_holds_watchdog_lock(results) -> None:
+    lock = Lock("wd-fork", ttl=0.3, watchdog=True)
+    lock.acquire()
+    import time
+
+    end = time.monotonic() + 1.2
+    owned = True
+    while time.monotonic() < end:
+        owned = owned and lock.owned()
+        time.sleep(0.03)
+    threads = [t.ident for t in watchdog_threads()]
+    lock.release()
+    results.put((owned, threads))
+
+
+def test_watchdog_survives_fork_child_starts_its_own_thread(redis_client):
+    parent_lock = Lock("wd-parent", ttl=0.5, watchdog=True)
+    parent_lock.acquire()
+    parent_threads = [t.ident for t in watchdog_threads()]
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    child = ctx.Process(target=_child_holds_watchdog_lock, args=(results,))
+    child.start()
+    owned, child_threads = results.get(timeout=TIMEOUT)
+    child.join(TIMEOUT)
+    assert owned, "the child's watchdog did not renew its lock"
+    assert len(child_threads) == 1 and len(parent_threads) == 1
+    assert parent_lock.owned()  # the parent's lock is still renewed by the parent
+    parent_lock.release()
+
+
+# -- replica confirmation -------------------------------------------------------------
+
+
+def test_replica_check_undoes_a_grant_no_replica_confirms(redis_client):
+    with override_settings(STOCK_LOCKS={"REPLICAS": 1, "REPLICA_TIMEOUT": 0.05}):
+        lock = Lock("repl", ttl=10)
+        with pytest.raises(LockNotReplicated) as info:
+            lock.acquire()
+    assert info.value.required == 1 and info.value.confirmed == 0
+    assert not redis_client.exists("sl:lock:{repl}")
+
+
+def test_replica_check_passes_with_a_live_replica(redis_factory, use_redis):
+    primary = redis_factory("--repl-diskless-sync-delay", "0")
+    replica = redis_factory("--replicaof", "127.0.0.1", str(primary.port))
+    wait_until(
+        lambda: replica.client().info("replication")["master_link_status"] == "up",
+        what="replica link",
+    )
+    use_redis(primary)
+    with override_settings(STOCK_LOCKS={"REPLICAS": 1, "REPLICA_TIMEOUT": 5}):
+        with Lock("repl", ttl=10) as lock:
+            assert replica.client().get("sl:lock:{repl}").decode() == lock.token
