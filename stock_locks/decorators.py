@@ -97,7 +97,11 @@ def locked(
 
 
 def lock_model(
-    model: type, kwarg: str = "pk", ttl: float | None = None, timeout: float | None = None, **options: Any
+    model: type,
+    kwarg: str = "pk",
+    ttl: float | None = None,
+    timeout: float | None = None,
+    **options: Any,
 ) -> Callable[[F], F]:
     """Run the decorated callable while holding the lock of one model row.
 

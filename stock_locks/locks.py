@@ -246,7 +246,9 @@ class Lock:
         deleted then.
         """
         if not self._holds:
-            raise LockError(f"cannot release {self.name!r}: not held by this object", name=self.name)
+            raise LockError(
+                f"cannot release {self.name!r}: not held by this object", name=self.name
+            )
         token = self.token
         entry = (self.keys.lock, token)
         depth = _depths.get(entry, 1) if self.reentrant else 1
@@ -359,7 +361,9 @@ class Lock:
 
     def do_release(self, token: str, depth: int) -> int:
         """One release round trip: RELEASED, STILL_HELD or NOT_OWNED."""
-        return scripts.LOCK_RELEASE(self._release_keys, release_argv(token, depth), client=self.redis)
+        return scripts.LOCK_RELEASE(
+            self._release_keys, release_argv(token, depth), client=self.redis
+        )
 
     def do_extend(self, token: str, ttl_ms: int) -> bool:
         """One extend round trip: whether the token still held the lock."""
@@ -433,7 +437,9 @@ class Watchdog:
         with self._cond:
             self._renewals[(lock.keys.lock, lock.token)] = _Renewal(lock)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name=self.THREAD_NAME, daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name=self.THREAD_NAME, daemon=True
+                )
                 self._thread.start()
             self._cond.notify()
 

@@ -34,12 +34,16 @@ def test_grant_sets_token_fence_and_holder_metadata_with_one_lease(redis_client)
     assert len(lock.token) == 32  # 128 random bits, hex
     assert lock.fence == 1
     assert redis_client.get("sl:lock:{order:42}").decode() == lock.token
-    holder = {k.decode(): v.decode() for k, v in redis_client.hgetall("sl:lock:{order:42}:holder").items()}
+    holder = {
+        k.decode(): v.decode() for k, v in redis_client.hgetall("sl:lock:{order:42}:holder").items()
+    }
     assert holder["token"] == lock.token
     assert holder["fence"] == "1"
     assert holder["count"] == "1"
     assert holder["pid"].isdigit() and holder["host"] and holder["thread"] == "MainThread"
-    assert holder["caller"].endswith("test_grant_sets_token_fence_and_holder_metadata_with_one_lease")
+    assert holder["caller"].endswith(
+        "test_grant_sets_token_fence_and_holder_metadata_with_one_lease"
+    )
     server_ms = int(redis_client.time()[0]) * 1000
     assert abs(int(holder["acquired_at"]) - server_ms) < 5_000  # the Redis clock, in ms
     for key in ("sl:lock:{order:42}", "sl:lock:{order:42}:holder"):
@@ -154,9 +158,8 @@ def test_fences_strictly_increase_across_grants():
 
 
 def test_context_manager_raises_lock_timeout_when_busy():
-    with Lock("busy", ttl=10), pytest.raises(LockTimeout) as info:
-        with Lock("busy", ttl=10, timeout=0):
-            pass
+    with Lock("busy", ttl=10), pytest.raises(LockTimeout) as info, Lock("busy", timeout=0):
+        pass
     assert info.value.name == "busy"
 
 
@@ -380,6 +383,8 @@ def test_replica_check_passes_with_a_live_replica(redis_factory, use_redis):
         what="replica link",
     )
     use_redis(primary)
-    with override_settings(STOCK_LOCKS={"REPLICAS": 1, "REPLICA_TIMEOUT": 5}):
-        with Lock("repl", ttl=10) as lock:
-            assert replica.client().get("sl:lock:{repl}").decode() == lock.token
+    with (
+        override_settings(STOCK_LOCKS={"REPLICAS": 1, "REPLICA_TIMEOUT": 5}),
+        Lock("repl", ttl=10) as lock,
+    ):
+        assert replica.client().get("sl:lock:{repl}").decode() == lock.token

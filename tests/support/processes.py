@@ -64,7 +64,9 @@ def run_in_processes(
             try:
                 index, ok, value = results.get(timeout=timeout)
             except queue.Empty:
-                raise AssertionError(f"{n - len(collected) - len(failures)} process(es) hung") from None
+                raise AssertionError(
+                    f"{n - len(collected) - len(failures)} process(es) hung"
+                ) from None
             if ok:
                 collected[index] = value
             else:

@@ -18,7 +18,9 @@ from .waiting import TIMEOUT
 def redis_server_binary() -> str:
     path = os.environ.get("REDIS_SERVER_BIN") or shutil.which("redis-server")
     if not path:
-        raise RuntimeError("redis-server not found: run `make test` (it installs it) or set REDIS_SERVER_BIN")
+        raise RuntimeError(
+            "redis-server not found: run `make test` (it installs it) or set REDIS_SERVER_BIN"
+        )
     return path
 
 

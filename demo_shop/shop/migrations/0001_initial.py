@@ -4,26 +4,40 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Product',
+            name="Product",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('fence', models.BigIntegerField(default=0, editable=False, help_text='Fencing token of the lock grant that last wrote this row.')),
-                ('sku', models.CharField(max_length=64, unique=True)),
-                ('name', models.CharField(max_length=200)),
-                ('price', models.DecimalField(decimal_places=2, default=0, max_digits=10)),
-                ('stock', models.IntegerField(default=0)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "fence",
+                    models.BigIntegerField(
+                        default=0,
+                        editable=False,
+                        help_text="Fencing token of the lock grant that last wrote this row.",
+                    ),
+                ),
+                ("sku", models.CharField(max_length=64, unique=True)),
+                ("name", models.CharField(max_length=200)),
+                ("price", models.DecimalField(decimal_places=2, default=0, max_digits=10)),
+                ("stock", models.IntegerField(default=0)),
             ],
             options={
-                'ordering': ['sku'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('stock__gte', 0)), name='product_stock_gte_0')],
+                "ordering": ["sku"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("stock__gte", 0)), name="product_stock_gte_0"
+                    )
+                ],
             },
         ),
     ]
