@@ -82,6 +82,9 @@ CACHES = {
 STOCK_LOCKS = {
     "REDIS_ALIAS": "default",
     "KEY_PREFIX": "sl",
+    "STOCK_MODEL": "shop.Product",
+    "STOCK_SKU_FIELD": "sku",
+    "STOCK_QUANTITY_FIELD": "stock",
 }
 
 AUTH_PASSWORD_VALIDATORS = []

@@ -40,6 +40,34 @@ DEFAULTS: dict[str, Any] = {
     "REPLICA_TIMEOUT": 0.1,
     # How long a release's wake-up signal waits for a waiter to pick it up, seconds.
     "WAKE_SIGNAL_TTL": 2,
+    # The project's model that holds stock ("app_label.ModelName"), its SKU
+    # field (unique) and its quantity field (units left to sell).
+    "STOCK_MODEL": None,
+    "STOCK_SKU_FIELD": "sku",
+    "STOCK_QUANTITY_FIELD": "stock",
+    # Strategy used when get_strategy() is given no name, and the registry of
+    # strategies by name (dotted paths, loaded with import_string).
+    "STRATEGY": "lua",
+    "STRATEGIES": {
+        "lua": "stock_locks.stock.lua.LuaStrategy",
+        "watch": "stock_locks.stock.watch.WatchStrategy",
+        "lock": "stock_locks.stock.lock.LockStrategy",
+        "db_row_lock": "stock_locks.stock.db.RowLockStrategy",
+        "db_conditional": "stock_locks.stock.db.ConditionalUpdateStrategy",
+    },
+    # Largest cart: lines per reservation, and units per line.
+    "MAX_CART_LINES": 50,
+    "MAX_LINE_QUANTITY": 1000,
+    # Hash tag shared by every stock key: one cart's counters must sit in one
+    # cluster slot for the reserve script to touch them atomically.
+    "STOCK_HASH_TAG": "stock",
+    # The watch strategy: optimistic attempts before ContentionError, and the
+    # base of its jittered exponential backoff between them, seconds.
+    "WATCH_ATTEMPTS": 50,
+    "WATCH_BACKOFF": 0.001,
+    # The lock strategy: lease and wait of each per-SKU lock, seconds.
+    "STOCK_LOCK_TTL": 10,
+    "STOCK_LOCK_TIMEOUT": 10,
 }
 
 

@@ -65,6 +65,23 @@ class OutOfStock(StockLocksError):
         self.available = available
 
 
+class ContentionError(StockLocksError):
+    """An optimistic (WATCH) reservation kept conflicting; nothing was reserved."""
+
+    def __init__(self, message: str, *, attempts: int) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class ReservationError(StockLocksError):
+    """A reservation cannot move to the asked state (e.g. paying a released one)."""
+
+    def __init__(self, message: str, *, order_ref: str, status: str | None = None) -> None:
+        super().__init__(message)
+        self.order_ref = order_ref
+        self.status = status
+
+
 class InvalidQuantity(StockLocksError, ValueError):
     """A cart or quantity is malformed (bad qty, unknown SKU, duplicate line, too large)."""
 

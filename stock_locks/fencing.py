@@ -46,20 +46,29 @@ class FencedModel(models.Model):
         Raises :class:`StaleFencingToken` (row unchanged) when the stored fence
         is greater than ``fence``, ``DoesNotExist`` when the row is gone.
         """
-        _check_fence(fence)
         changes = {name: getattr(self, name) for name in update_fields}
-        rows = type(self)._default_manager.filter(pk=self.pk)
-        if rows.filter(fence__lte=fence).update(fence=fence, **changes):
-            self.fence = fence
-            return
-        current = rows.values_list("fence", flat=True).first()
-        if current is None:
-            raise type(self).DoesNotExist(f"{type(self).__name__} pk={self.pk} no longer exists")
-        raise StaleFencingToken(
-            f"{type(self).__name__} pk={self.pk}: fence {fence} is older than stored {current}",
-            fence=fence,
-            current=current,
-        )
+        fenced_update_row(type(self), self.pk, fence, **changes)
+        self.fence = fence
+
+
+def fenced_update_row(model: type[models.Model], pk: Any, fence: int, **changes: Any) -> None:
+    """Write ``changes`` to the row ``pk`` in one UPDATE, unless its stored fence is newer.
+
+    Raises :class:`StaleFencingToken` (row unchanged) when the stored fence is
+    greater than ``fence``, ``model.DoesNotExist`` when the row is gone.
+    """
+    _check_fence(fence)
+    rows = model._default_manager.filter(pk=pk)
+    if rows.filter(fence__lte=fence).update(fence=fence, **changes):
+        return
+    current = rows.values_list("fence", flat=True).first()
+    if current is None:
+        raise model.DoesNotExist(f"{model.__name__} pk={pk} no longer exists")
+    raise StaleFencingToken(
+        f"{model.__name__} pk={pk}: fence {fence} is older than stored {current}",
+        fence=fence,
+        current=current,
+    )
 
 
 def fenced_update(queryset: models.QuerySet, fence: int, **changes: Any) -> int:

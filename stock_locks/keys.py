@@ -45,3 +45,30 @@ def lock_name_from_key(key: str) -> str | None:
     if not key.startswith(head) or not key.endswith("}"):
         return None
     return key[len(head) : -1]
+
+
+class StockKeys:
+    """Stock keys, all under one hash tag (``STOCK_HASH_TAG``) so a cart is one slot.
+
+    ``counter(sku)``: units of ``sku`` left to sell (string integer, no expiry).
+    ``record(ref)``: the reservation of order ``ref`` as a hash sku -> qty.
+    ``index``: sorted set of open reservation records, scored by creation ms.
+    """
+
+    def __init__(self) -> None:
+        self.base = f"{settings.KEY_PREFIX}:stock:{{{settings.STOCK_HASH_TAG}}}"
+        self.index = f"{self.base}:reservations"
+        self._counter = f"{self.base}:avail:"
+        self._record = f"{self.base}:res:"
+
+    def counter(self, sku: str) -> str:
+        return self._counter + sku
+
+    def record(self, order_ref: str) -> str:
+        return self._record + order_ref
+
+    def counter_pattern(self) -> str:
+        return self._counter + "*"
+
+    def sku_from_counter(self, key: str) -> str:
+        return key[len(self._counter) :]

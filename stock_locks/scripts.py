@@ -26,6 +26,10 @@ def load(name: str) -> Script:
 LOCK_ACQUIRE = load("lock_acquire")
 LOCK_RELEASE = load("lock_release")
 LOCK_EXTEND = load("lock_extend")
+STOCK_RESERVE = load("stock_reserve")
+STOCK_RELEASE = load("stock_release")
+STOCK_COMMIT = load("stock_commit")
+STOCK_SET_COUNTER = load("stock_set_counter")
 
 
 def run_batch(client: Any, calls: Sequence[tuple[Script, Sequence, Sequence]]) -> list:

@@ -1,0 +1,132 @@
+"""The shop's JSON API and its one HTML page.
+
+GET  /api/products/                 products with their stock
+POST /api/orders/                   {"items": [{"sku": "TEA", "qty": 1}], "strategy": "lua"}
+                                    201 order | 400 bad input | 409 out of stock | 503 Redis down
+                                    (header Idempotency-Key: a retry returns the first order, 200)
+GET  /api/orders/<id>/              the order
+POST /api/orders/<id>/pay/          200 paid | 409 cancelled or expired
+POST /api/orders/<id>/cancel/       200 cancelled, stock back | 409 paid
+"""
+
+from __future__ import annotations
+
+import re
+
+from django.http import HttpRequest, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from stock_locks import locked
+from stock_locks.exceptions import (
+    ContentionError,
+    InvalidQuantity,
+    LockTimeout,
+    OutOfStock,
+    RedisUnavailable,
+    ReservationError,
+)
+
+from .models import Order, Product
+from .services import BadRequest, cancel_order, parse_order_body, pay_order, place_order
+
+IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,80}$")
+REDIS_DOWN = (RedisUnavailable, RedisConnectionError, RedisTimeoutError)
+
+
+def error(status: int, code: str, message: str, **extra) -> JsonResponse:
+    return JsonResponse({"error": code, "message": message, **extra}, status=status)
+
+
+def unavailable() -> JsonResponse:
+    response = error(
+        503, "unavailable", "the stock service (Redis) is unreachable; nothing changed"
+    )
+    response["Retry-After"] = "1"
+    return response
+
+
+def shop_page(request: HttpRequest):
+    return render(request, "shop/index.html", {"products": Product.objects.all()})
+
+
+@require_GET
+def products(request: HttpRequest) -> JsonResponse:
+    rows = Product.objects.values("sku", "name", "price", "stock")
+    return JsonResponse({"products": [{**row, "price": str(row["price"])} for row in rows]})
+
+
+@csrf_exempt
+@require_POST
+def create_order(request: HttpRequest) -> JsonResponse:
+    try:
+        cart, strategy = parse_order_body(request.body)
+    except BadRequest as exc:
+        return error(400, "bad_request", str(exc))
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not IDEMPOTENCY_KEY.match(key):
+        return error(400, "bad_request", "Idempotency-Key: 1-80 of A-Z a-z 0-9 _ . : -")
+    try:
+        order, created = place_order(cart, strategy, key)
+    except OutOfStock as exc:
+        return error(
+            409,
+            "out_of_stock",
+            str(exc),
+            sku=exc.sku,
+            requested=exc.requested,
+            available=exc.available,
+        )
+    except InvalidQuantity as exc:
+        return error(400, "bad_request", str(exc), sku=exc.sku)
+    except REDIS_DOWN:
+        return unavailable()
+    except ContentionError as exc:
+        return error(409, "contention", str(exc), attempts=exc.attempts)
+    except LockTimeout as exc:
+        return error(423, "locked", str(exc), lock=exc.name)
+    except ReservationError as exc:
+        return error(409, "conflict", str(exc))
+    body = order.as_dict()
+    body["retries"] = getattr(order, "retries", 0)
+    return JsonResponse(body, status=201 if created else 200)
+
+
+def _order_or_404(order_id: int) -> Order | JsonResponse:
+    order = Order.objects.filter(pk=order_id).first()
+    return order if order is not None else error(404, "not_found", f"no order {order_id}")
+
+
+@require_GET
+def order_detail(request: HttpRequest, order_id: int) -> JsonResponse:
+    order = _order_or_404(order_id)
+    return order if isinstance(order, JsonResponse) else JsonResponse(order.as_dict())
+
+
+@csrf_exempt
+@require_POST
+@locked("order:{order_id}", timeout=5)
+def pay(request: HttpRequest, order_id: int) -> JsonResponse:
+    return _transition(order_id, pay_order)
+
+
+@csrf_exempt
+@require_POST
+@locked("order:{order_id}", timeout=5)
+def cancel(request: HttpRequest, order_id: int) -> JsonResponse:
+    return _transition(order_id, cancel_order)
+
+
+def _transition(order_id: int, action) -> JsonResponse:
+    order = _order_or_404(order_id)
+    if isinstance(order, JsonResponse):
+        return order
+    try:
+        return JsonResponse(action(order).as_dict())
+    except ReservationError as exc:
+        return error(409, "conflict", str(exc), status=exc.status)
+    except REDIS_DOWN:
+        return unavailable()

@@ -1,0 +1,21 @@
+-- Put a reservation's units back, once.
+--
+-- KEYS[1] the order's reservation record (hash sku -> qty)
+-- KEYS[2] index of open reservation records
+-- KEYS[3..n+2] the available-stock counter of each line
+-- ARGV[1] order ref     ARGV[2..n+1] SKU of each line (same order as the counters)
+--
+-- Returns 1 when the units went back, 0 when there was no record (already
+-- released or committed, or never reserved here): nothing moved.
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+for i = 1, #KEYS - 2 do
+  local qty = redis.call('HGET', KEYS[1], ARGV[i + 1])
+  if qty then
+    redis.call('INCRBY', KEYS[i + 2], qty)
+  end
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1

@@ -1,0 +1,27 @@
+"""Shared output of the stock commands: a table or JSON of per-SKU stock."""
+
+from __future__ import annotations
+
+import json
+
+from ...stock.reconcile import SkuStock
+
+COLUMNS = ("sku", "db", "redis", "reserved", "drift")
+
+
+def render(rows: list[SkuStock], as_json: bool) -> str:
+    if as_json:
+        return json.dumps([row.as_dict() for row in rows])
+    cells = [COLUMNS] + [
+        (r.sku, str(r.db), "-" if r.redis is None else str(r.redis), str(r.reserved), str(r.drift))
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    lines = [
+        "  ".join(
+            c.rjust(w) if i else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in cells
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,32 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from ...stock.reconcile import close_orphan_records, repair_counters, stock_report
+from ._stock_table import render
+
+
+class Command(BaseCommand):
+    help = (
+        "Report per-SKU drift between Redis counters, the database and open reservations; "
+        "exit 1 on drift. --fix repairs it from the database."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("skus", nargs="*", help="only these SKUs (default: all)")
+        parser.add_argument("--fix", action="store_true", help="repair drift from the database")
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    def handle(self, *args, skus: list[str], fix: bool, json: bool, **options):
+        report = stock_report(skus or None)
+        if fix:
+            closed = close_orphan_records()
+            fixed = repair_counters(report)
+            if not json:
+                self.stderr.write(
+                    f"closed {len(closed)} orphan Redis reservation(s); "
+                    f"set {len(fixed)} counter(s) from the database"
+                )
+            report = stock_report(skus or None)
+        self.stdout.write(render(report, json))
+        drifting = [row.sku for row in report if row.drift]
+        if drifting:
+            raise CommandError(f"drift on {len(drifting)} SKU(s): {', '.join(drifting[:20])}")

@@ -1,0 +1,38 @@
+"""Stock strategies: reserve a cart all-or-nothing, release it, tell what is available.
+
+    from stock_locks.stock import get_strategy
+    strategy = get_strategy("lua")          # or "watch", "lock", "db_row_lock", "db_conditional"
+    reservation = strategy.reserve("order-42", {"TEA": 2, "CUP": 1})   # OutOfStock, InvalidQuantity
+    strategy.commit("order-42")             # paid: the units stay sold
+    strategy.release("order-42")            # or: put them back (idempotent)
+
+Strategies are registered by name in ``STOCK_LOCKS["STRATEGIES"]`` (dotted paths).
+"""
+
+from __future__ import annotations
+
+from django.utils.module_loading import import_string
+
+from ..conf import settings
+from .base import StockStrategy, normalize_cart
+
+__all__ = ["StockStrategy", "get_strategy", "normalize_cart", "strategy_names"]
+
+
+def strategy_names() -> list[str]:
+    return list(settings.STRATEGIES)
+
+
+def get_strategy(name: str | None = None) -> StockStrategy:
+    """A new strategy object by name (default ``STOCK_LOCKS["STRATEGY"]``).
+
+    Raises ``ValueError`` for a name that is not registered.
+    """
+    name = name or settings.STRATEGY
+    try:
+        path = settings.STRATEGIES[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown stock strategy {name!r}; choose one of {', '.join(settings.STRATEGIES)}"
+        ) from None
+    return import_string(path)(name=name)
