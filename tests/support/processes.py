@@ -1,16 +1,20 @@
 """Run a function in N real OS processes that each set Django up, and collect results.
 
 The function must be importable (module level in a test module or in
-tests/support). Every process gets its index and the given args, waits at a
-shared barrier so they all start together, and sends back its return value or
-its traceback. Any failure in a child fails the test with that traceback.
+tests/support); it travels by name and is imported after ``django.setup()``,
+since test modules import models. Every process gets its index and the given
+args, waits at a shared barrier so they all start together, and sends back its
+return value or its traceback. Any failure in a child fails the test with that
+traceback; a child that dies without reporting fails it at once.
 """
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import queue
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -32,12 +36,22 @@ def child_environment() -> dict[str, str]:
     }
 
 
-def _child(func, index, args, env, barrier, results) -> None:  # pragma: no cover - runs in child
-    try:
-        os.environ.update(env)
-        import django
+def _reference(func: Callable) -> str:
+    return f"{func.__module__}:{func.__qualname__}"
 
-        django.setup()
+
+def _setup_and_import(env: dict[str, str], reference: str) -> Callable:
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    module, name = reference.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _child(reference, index, args, env, barrier, results) -> None:  # runs in the child
+    try:
+        func = _setup_and_import(env, reference)
         barrier.wait(timeout=TIMEOUT)
         results.put((index, True, func(index, *args)))
     except BaseException:
@@ -51,26 +65,36 @@ def run_in_processes(
     env = child_environment()
     barrier = _ctx.Barrier(n)
     results = _ctx.Queue()
+    reference = _reference(func)
     procs = [
-        _ctx.Process(target=_child, args=(func, i, args, env, barrier, results), daemon=True)
+        _ctx.Process(target=_child, args=(reference, i, args, env, barrier, results), daemon=True)
         for i in range(n)
     ]
     for proc in procs:
         proc.start()
     collected: dict[int, Any] = {}
-    failures = []
+    failures: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
     try:
-        for _ in range(n):
+        while len(collected) + len(failures) < n:
             try:
-                index, ok, value = results.get(timeout=timeout)
+                index, ok, value = results.get(timeout=0.1)
             except queue.Empty:
-                raise AssertionError(
-                    f"{n - len(collected) - len(failures)} process(es) hung"
-                ) from None
+                silent = [
+                    i
+                    for i, proc in enumerate(procs)
+                    if proc.exitcode is not None and i not in collected and i not in failures
+                ]
+                if silent and results.empty():
+                    failures[silent[0]] = f"exited with {procs[silent[0]].exitcode}, no result"
+                    break
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"processes hung after {timeout}s") from None
+                continue
             if ok:
                 collected[index] = value
             else:
-                failures.append(f"process {index}:\n{value}")
+                failures[index] = value
     finally:
         for proc in procs:
             proc.join(timeout=5)
@@ -78,24 +102,20 @@ def run_in_processes(
                 proc.kill()
                 proc.join()
     if failures:
-        raise AssertionError("\n".join(failures))
+        raise AssertionError("\n".join(f"process {i}: {text}" for i, text in failures.items()))
     return [collected[i] for i in range(n)]
 
 
 def start_process(func: Callable[..., Any], *args: Any) -> multiprocessing.Process:
     """Start ``func(*args)`` in one spawned process with Django set up (no result)."""
     env = child_environment()
-    proc = _ctx.Process(target=_run_plain, args=(func, args, env), daemon=True)
+    proc = _ctx.Process(target=_run_plain, args=(_reference(func), args, env), daemon=True)
     proc.start()
     return proc
 
 
-def _run_plain(func, args, env) -> None:  # pragma: no cover - runs in child
-    os.environ.update(env)
-    import django
-
-    django.setup()
-    func(*args)
+def _run_plain(reference, args, env) -> None:  # runs in the child
+    _setup_and_import(env, reference)(*args)
 
 
 def event() -> Any:

@@ -1,0 +1,565 @@
+"""Locks: stock_locks' Lock against redis-py's Lock and python-redis-lock, side by side.
+
+a. Uncontended acquire+release cycles/s on one connection, with client round
+   trips and server commands per cycle (commands run inside Lua count too).
+b. Contended handoff: P processes loop on one lock name; sections/s, and the
+   wait from starting acquire() to being granted. Mutual exclusion is checked
+   while measuring with an INCR/DECR "inside" counter that must never exceed 1.
+
+Everything runs against one private redis-server, FLUSHALL between contenders,
+warm-up first, and the contenders are measured in interleaved rounds (order
+rotated each round) because the machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from importlib import metadata
+from itertools import pairwise
+
+import redis
+
+from . import support
+
+NAME = "bench:lock"  # every contender locks this name (each library adds its own prefix)
+INSIDE = "bench:inside"  # how many processes are inside a critical section right now
+TTL = 30  # seconds, the lease of every contender
+
+UNCONTENDED = (
+    "stock_locks",
+    "stock_locks watchdog",
+    "stock_locks reentrant",
+    "redis-py",
+    "python-redis-lock",
+)
+CONTENDED = ("stock_locks", "redis-py", "python-redis-lock")
+LABELS = {
+    "stock_locks": "stock_locks Lock",
+    "stock_locks watchdog": "stock_locks Lock(watchdog=True)",
+    "stock_locks reentrant": "stock_locks Lock(reentrant=True)",
+    "redis-py": "redis-py Lock",
+    "python-redis-lock": "python-redis-lock Lock",
+}
+HOW_THEY_WAIT = {
+    "stock_locks": "BLPOP wake-up on release",
+    "redis-py": "polls, sleep=0.1",
+    "python-redis-lock": "BLPOP signal",
+}
+BATCH = 50  # cycles between clock reads in a timed run
+SEGMENT = 0.2  # seconds, one contender's share of one uncontended round
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks locks", description=__doc__)
+    parser.add_argument("--seconds", type=float, help="measured seconds per contender (3)")
+    parser.add_argument(
+        "--rounds", type=int, help="contended: interleaved rounds the seconds are cut in (3)"
+    )
+    parser.add_argument("--processes", type=int, default=8, help="contended processes (8)")
+    parser.add_argument(
+        "--work-ms", type=float, default=1.0, help="busy work inside a contended section (1)"
+    )
+    parser.add_argument(
+        "--outside-ms", type=float, default=1.0, help="sleep between contended sections (1)"
+    )
+    parser.add_argument(
+        "--sleep-inside", action="store_true", help="sleep inside the section instead of spinning"
+    )
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    parser.add_argument(
+        "--profile", action="store_true", help="append a cProfile of stock_locks' cycle"
+    )
+    args = parser.parse_args(argv)
+    args.seconds = args.seconds or (0.4 if args.quick else 3.0)
+    args.rounds = args.rounds or (2 if args.quick else 3)
+    # Uncontended: many short segments, so a noisy neighbour hits every contender alike.
+    args.segments = max(3, round(args.seconds / SEGMENT))
+    args.warmup = 0.1 if args.quick else 0.3  # seconds, before each contended phase
+    per_chunk = (200 if args.quick else 3000) // args.segments
+    args.counted_cycles = max(1, per_chunk) * args.segments
+    return args
+
+
+# -- the contenders -------------------------------------------------------------
+
+
+def make_lock(kind: str, client: redis.Redis):
+    """(acquire, release) of one reusable lock object on ``client``; acquire blocks."""
+    if kind.startswith("stock_locks"):
+        from stock_locks.locks import Lock
+
+        lock = Lock(
+            NAME,
+            TTL,
+            redis=client,
+            watchdog=kind.endswith("watchdog"),
+            reentrant=kind.endswith("reentrant"),
+        )
+    elif kind == "redis-py":
+        lock = client.lock(NAME, timeout=TTL)  # defaults: blocking=True, sleep=0.1
+    elif kind == "python-redis-lock":
+        import redis_lock
+
+        lock = redis_lock.Lock(client, NAME, expire=TTL)
+    else:
+        raise ValueError(kind)
+    return lock.acquire, lock.release
+
+
+class CountingConnection(redis.Connection):
+    """Counts replies read, i.e. client round trips when nothing is pipelined."""
+
+    replies = 0
+
+    def read_response(self, *args, **kwargs):
+        CountingConnection.replies += 1
+        return super().read_response(*args, **kwargs)
+
+
+def client_for(server, connection_class=redis.Connection) -> redis.Redis:
+    pool = redis.ConnectionPool(
+        host="127.0.0.1", port=server.port, connection_class=connection_class
+    )
+    return redis.Redis(connection_pool=pool)
+
+
+# -- a. uncontended ---------------------------------------------------------------
+
+
+def timed_cycles(acquire, release, seconds: float) -> float:
+    """Acquire+release cycles per second for ``seconds``."""
+    cycles = 0
+    clock = time.perf_counter
+    start = clock()
+    end = start + seconds
+    while True:
+        for _ in range(BATCH):
+            if not acquire():
+                raise RuntimeError("an uncontended acquire was refused")
+            release()
+        cycles += BATCH
+        now = clock()
+        if now >= end:
+            return cycles / (now - start)
+
+
+def server_cpu(client) -> float:
+    info = client.info("cpu")
+    return info["used_cpu_user"] + info["used_cpu_sys"]
+
+
+def rotated(kinds: tuple[str, ...], r: int) -> tuple[str, ...]:
+    """``kinds`` starting at the ``r``-th: each round starts with another contender."""
+    return kinds[r % len(kinds) :] + kinds[: r % len(kinds)]
+
+
+def counted_cycles(server, cycles: int, chunks: int) -> dict[str, dict]:
+    """Per contender and cycle: client round trips, server commands (total and by name),
+    client CPU and redis-server CPU in microseconds (median of ``chunks`` interleaved
+    chunks). ``cycles`` cycles each; one counting connection for all."""
+    client = client_for(server, CountingConnection)
+    locks = {kind: make_lock(kind, client) for kind in UNCONTENDED}
+    out = {
+        kind: {"replies": 0, "by_name": Counter(), "client_us": [], "server_us": []}
+        for kind in UNCONTENDED
+    }
+    per_chunk = max(1, cycles // chunks)
+    for r in range(-1, chunks):  # round -1 is the warm-up: connect, load scripts
+        for kind in rotated(UNCONTENDED, r):
+            acquire, release = locks[kind]
+            client.flushall()
+            client.config_resetstat()
+            server_before = server_cpu(client)
+            CountingConnection.replies = 0
+            client_before = time.process_time()
+            for _ in range(per_chunk):
+                acquire()
+                release()
+            client_used = time.process_time() - client_before
+            replies = CountingConnection.replies
+            server_used = server_cpu(client) - server_before
+            stats = client.info("commandstats")
+            if r < 0:
+                continue
+            entry = out[kind]
+            entry["replies"] += replies
+            entry["client_us"].append(client_used / per_chunk * 1e6)
+            entry["server_us"].append(server_used / per_chunk * 1e6)
+            for key, value in stats.items():
+                name = key.removeprefix("cmdstat_")
+                if name.split("|")[0] not in ("config", "info"):  # our RESETSTAT and INFO
+                    entry["by_name"][name] += value["calls"]
+    client.flushall()
+    client.close()
+    counted = per_chunk * chunks
+    return {
+        kind: {
+            "trips": entry["replies"] / counted,
+            "commands": sum(entry["by_name"].values()) / counted,
+            "by_name": {name: calls / counted for name, calls in entry["by_name"].items()},
+            "client_us": support.median(entry["client_us"]),
+            "server_us": support.median(entry["server_us"]),
+        }
+        for kind, entry in out.items()
+    }
+
+
+def uncontended(server, args) -> list[str]:
+    client = client_for(server)
+    locks = {kind: make_lock(kind, client) for kind in UNCONTENDED}
+    support.progress("uncontended: warm-up")
+    for kind in UNCONTENDED:
+        client.flushall()
+        timed_cycles(*locks[kind], min(0.5, args.seconds / 2))
+    rates: dict[str, list[float]] = {kind: [] for kind in UNCONTENDED}
+    support.progress(f"uncontended: {args.segments} rounds")
+    for r in range(args.segments):
+        for kind in rotated(UNCONTENDED, r):
+            client.flushall()
+            rates[kind].append(timed_cycles(*locks[kind], args.seconds / args.segments))
+    support.progress("uncontended: counting round trips and commands")
+    counts = counted_cycles(server, args.counted_cycles, args.segments)
+    client.flushall()
+    client.close()
+
+    def vs_redis_py(kind: str) -> list[float]:  # same-round ratios cancel the machine's drift
+        return [a / b for a, b in zip(rates[kind], rates["redis-py"], strict=True)]
+
+    rows = []
+    for kind in UNCONTENDED:
+        rate = support.median(rates[kind])
+        count = counts[kind]
+        rows.append(
+            [
+                LABELS[kind],
+                f"{rate:,.0f}",
+                f"{min(rates[kind]):,.0f}-{max(rates[kind]):,.0f}",
+                f"{1e6 / rate:.1f}",
+                f"{support.median(vs_redis_py(kind)):.2f}x",
+                f"{count['trips']:.2f}",
+                f"{count['commands']:.2f}",
+                f"{count['client_us']:.0f}",
+                f"{count['server_us']:.0f}",
+            ]
+        )
+    lines = [
+        f"a. Uncontended acquire+release on one connection (one reused lock object each): "
+        f"{args.segments} interleaved rounds x {args.seconds / args.segments:.2f} s per "
+        "contender, order rotated each round; cycles/s is the median of rounds",
+        "",
+        support.table(
+            [
+                "contender",
+                "cycles/s",
+                "rounds min-max",
+                "us/cycle",
+                "vs redis-py*",
+                "client round trips/cycle",
+                "server commands/cycle",
+                "client CPU us/cycle",
+                "server CPU us/cycle",
+            ],
+            rows,
+        ),
+        "",
+        "* median over rounds of (this contender's cycles/s / redis-py's in the same round).",
+        f"Round trips, commands and CPU: a separate run of {args.counted_cycles} cycles per "
+        f"contender in {args.segments} interleaved chunks (replies counted by the connection "
+        "class; CONFIG RESETSTAT, then INFO commandstats, where commands run by Lua scripts "
+        "count too; CPU: process_time() and the server's INFO cpu, median of chunks). Server "
+        "commands per cycle by name:",
+    ]
+    for kind in UNCONTENDED:
+        by_name = counts[kind]["by_name"]
+        detail = ", ".join(f"{name} {calls:g}" for name, calls in sorted(by_name.items()))
+        lines.append(f"  {LABELS[kind]}: {detail}")
+    lines += ["", "Targets:"]
+    for kind in UNCONTENDED[:3]:
+        trips = counts[kind]["trips"]
+        lines.append(
+            f"  {LABELS[kind]}: {trips:.2f} client round trips/cycle <= 2: "
+            f"{support.verdict(trips <= 2)}"
+        )
+    paired = vs_redis_py("stock_locks")
+    ratio = support.median(paired)
+    of_medians = support.median(rates["stock_locks"]) / support.median(rates["redis-py"])
+    lines.append(
+        f"  stock_locks Lock / redis-py Lock cycles/s (median of same-round ratios) = "
+        f"{ratio:.3f}x >= 0.90x: {support.verdict(ratio >= 0.9)}  (min {min(paired):.2f}, "
+        f"max {max(paired):.2f}; ratio of the medians {of_medians:.2f}x)"
+    )
+    return lines
+
+
+# -- b. contended -----------------------------------------------------------------
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def contended_worker(team, url, plan, work_ms, outside_ms, sleep_inside, warmup):
+    """One process of the contended test: runs every phase of ``plan`` in step with
+    the others and returns, per phase, its (acquire started, granted) timestamps."""
+    client = redis.Redis.from_url(url)
+    work = time.sleep if sleep_inside else _busy
+    phases = []
+    for kind, seconds in plan:
+        acquire, release = make_lock(kind, client)
+        team.sync()
+        if team.index == 0:
+            client.flushall()  # also zeroes the inside counter
+        team.sync()
+        start = time.monotonic()
+        measure_from = start + warmup
+        stop = measure_from + seconds
+        samples = []
+        violations = 0
+        while True:
+            t0 = time.monotonic()
+            if t0 >= stop:
+                break
+            acquire()
+            t1 = time.monotonic()
+            if client.incr(INSIDE) != 1:
+                violations += 1
+            work(work_ms / 1000)
+            client.decr(INSIDE)
+            release()
+            samples.append((t0, t1))
+            time.sleep(outside_ms / 1000)
+        phases.append(
+            {
+                "kind": kind,
+                "measure_from": measure_from,
+                "stop": stop,
+                "samples": samples,
+                "violations": violations,
+            }
+        )
+    client.close()
+    return phases
+
+
+def contended(server, args) -> list[str]:
+    per_phase = args.seconds / args.rounds
+    plan = []
+    for r in range(args.rounds):
+        plan += [(kind, per_phase) for kind in rotated(CONTENDED, r)]
+    support.progress(
+        f"contended: {args.processes} processes, {len(plan)} phases of "
+        f"{args.warmup:g} s warm-up + {per_phase:.2f} s"
+    )
+    results = support.run_workers(
+        contended_worker,
+        args.processes,
+        server.url,
+        plan,
+        args.work_ms,
+        args.outside_ms,
+        args.sleep_inside,
+        args.warmup,
+    )
+    stats = {
+        kind: {"rates": [], "waits": [], "sections": Counter(), "violations": 0, "again": 0}
+        for kind in CONTENDED
+    }
+    for p, (kind, _) in enumerate(plan):
+        phase = [worker[p] for worker in results]
+        # The window every worker was measuring in (each read its own monotonic clock).
+        lo = max(w["measure_from"] for w in phase)
+        hi = min(w["stop"] for w in phase)
+        entry = stats[kind]
+        grants = []  # (granted at, process)
+        for index, w in enumerate(phase):
+            entry["violations"] += w["violations"]
+            for t0, t1 in w["samples"]:
+                if lo <= t1 < hi:
+                    grants.append((t1, index))
+                    entry["sections"][index] += 1
+                if lo <= t0 < hi:
+                    entry["waits"].append(t1 - t0)
+        grants.sort()
+        entry["again"] += sum(a[1] == b[1] for a, b in pairwise(grants))
+        entry["rates"].append(len(grants) / (hi - lo))
+
+    rows = []
+    for kind in CONTENDED:
+        entry = stats[kind]
+        waits = entry["waits"]
+        per_process = [entry["sections"][i] for i in range(args.processes)]
+        rows.append(
+            [
+                f"{LABELS[kind]} ({HOW_THEY_WAIT[kind]})",
+                f"{support.median(entry['rates']):,.0f}",
+                f"{support.percentile(waits, 50) * 1000:.2f}",
+                f"{support.percentile(waits, 99) * 1000:.2f}",
+                f"{max(waits) * 1000:.1f}" if waits else "-",
+                f"{sum(waits) / len(waits) * 1000:.2f}" if waits else "-",
+                f"{min(per_process)}-{max(per_process)}",
+                f"{100 * entry['again'] / max(1, sum(per_process)):.0f}%",
+                entry["violations"],
+            ]
+        )
+    inside = "sleep" if args.sleep_inside else "busy work"
+    lines = [
+        f"b. Contended handoff: {args.processes} processes on one lock name; inside each "
+        f"section {args.work_ms:g} ms of {inside} between INCR/DECR of the inside counter, "
+        f"{args.outside_ms:g} ms sleep outside; {args.rounds} interleaved rounds x "
+        f"{per_phase:.2f} s (after {args.warmup:g} s warm-up) per contender. "
+        "sections/s: median of rounds; waits (acquire() start to grant) pooled over rounds",
+        "",
+        support.table(
+            [
+                "contender",
+                "sections/s",
+                "wait p50 ms",
+                "wait p99 ms",
+                "wait max ms",
+                "wait mean ms",
+                "sections per process min-max",
+                "same process again",
+                "violations",
+            ],
+            rows,
+        ),
+        "",
+        "same process again: share of grants that went to the process that had the lock "
+        "just before.",
+        "",
+        "Targets:",
+    ]
+    ours, polling, prl = (stats[kind] for kind in CONTENDED)
+    for pct in (50, 99):
+        a = support.percentile(polling["waits"], pct)
+        b = support.percentile(ours["waits"], pct)
+        ratio = a / b if b else float("inf")
+        lines.append(
+            f"  redis-py p{pct} wait / stock_locks p{pct} wait = {ratio:.1f}x >= 10x: "
+            f"{support.verdict(ratio >= 10)}"
+        )
+    paired = [a / b for a, b in zip(ours["rates"], prl["rates"], strict=True)]
+    ratio = support.median(paired)
+    of_medians = support.median(ours["rates"]) / support.median(prl["rates"])
+    lines.append(
+        f"  stock_locks / python-redis-lock sections/s (median of same-round ratios) = "
+        f"{ratio:.3f}x >= 1.00x: {support.verdict(ratio >= 1)}  (rounds: "
+        + ", ".join(f"{p:.2f}" for p in paired)
+        + f"; ratio of the medians {of_medians:.2f}x)"
+    )
+    violations = sum(stats[kind]["violations"] for kind in CONTENDED)
+    lines.append(
+        f"  mutual-exclusion violations, all contenders: {violations} == 0: "
+        f"{support.verdict(violations == 0)}"
+    )
+    return lines
+
+
+# -- profile ------------------------------------------------------------------------
+
+
+def profile(server, cycles: int) -> list[str]:
+    """cProfile of stock_locks' uncontended cycle: own time by package, and the
+    stock_locks functions with the most own time (cProfile inflates small calls)."""
+    import cProfile
+    import pstats
+
+    client = client_for(server)
+    acquire, release = make_lock("stock_locks", client)
+    timed_cycles(acquire, release, 0.2)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(cycles):
+        acquire()
+        release()
+    profiler.disable()
+    client.flushall()
+    client.close()
+    entries = pstats.Stats(profiler).stats  # (file, line, function) -> (cc, calls, own, cum, _)
+    groups: Counter = Counter()
+    for (path, _, function), (_, _, own, _, _) in entries.items():
+        if f"{os.sep}stock_locks{os.sep}" in path:
+            groups["stock_locks"] += own
+        elif f"{os.sep}redis{os.sep}" in path:
+            groups["redis-py"] += own
+        elif "socket" in function:
+            groups["socket send/recv"] += own
+        else:
+            groups["other (stdlib, builtins)"] += own
+    per_cycle = 1e6 / cycles
+    lines = [
+        f"cProfile of {cycles} stock_locks Lock cycles (profiled times are inflated; compare "
+        "shares, not absolutes). Own time per cycle by package:",
+        "  " + ", ".join(f"{name} {own * per_cycle:.1f} us" for name, own in groups.most_common()),
+        "",
+    ]
+    ours = sorted(
+        (
+            (own, cum, calls, path, line, function)
+            for (path, line, function), (_, calls, own, cum, _) in entries.items()
+            if f"{os.sep}stock_locks{os.sep}" in path
+        ),
+        reverse=True,
+    )
+    rows = [
+        [
+            f"{path[path.rindex('stock_locks') :]}:{line}({function})",
+            calls,
+            f"{own * per_cycle:.2f}",
+            f"{cum * per_cycle:.1f}",
+        ]
+        for own, cum, calls, path, line, function in ours[:12]
+    ]
+    lines.append(
+        support.table(["stock_locks function", "calls", "own us/cycle", "cum us/cycle"], rows)
+    )
+    return lines
+
+
+# -- report -------------------------------------------------------------------------
+
+
+def header(client) -> list[str]:
+    def version(dist):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "?"
+
+    parser = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python"
+    return [
+        f"Lock benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        f"redis-server {support.redis_version(client)} (private, 127.0.0.1); "
+        f"Python {platform.python_version()} on {platform.machine()}; "
+        f"{os.cpu_count()} CPUs",
+        f"redis-py {version('redis')} ({parser} parser), python-redis-lock "
+        f"{version('python-redis-lock')}, Django {version('Django')}",
+    ]
+
+
+def main(argv: list[str]) -> str:
+    args = parse_args(argv)
+    with support.private_redis() as server:
+        support.setup_django(server.url)
+        probe = server.client()
+        lines = header(probe)
+        probe.close()
+        lines += [""] + uncontended(server, args)
+        lines += [""] + contended(server, args)
+        if args.profile:
+            lines += [""] + profile(server, args.counted_cycles * 5)
+    if args.quick:
+        lines.insert(1, "(--quick smoke run: short measurements, numbers are rough)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(main(sys.argv[1:]))

@@ -1,0 +1,196 @@
+"""Helpers shared by the benchmarks: a private redis-server, Django set-up, worker
+processes that start together, percentiles and plain-text tables.
+
+Nothing here talks to the system Redis: every benchmark starts its own
+redis-server on a free port (``tests.support.redis_servers.RedisServer``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from tests.support.redis_servers import RedisServer
+
+SETTINGS_MODULE = "demo_shop.settings"
+# Longest a worker waits for the others at a barrier, and default bound on a whole run.
+SYNC_TIMEOUT = 120.0  # seconds
+
+_ctx = multiprocessing.get_context("spawn")
+
+
+def progress(message: str) -> None:
+    """A progress line on stderr (reports go to stdout)."""
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+# -- Redis and Django ---------------------------------------------------------
+
+
+@contextmanager
+def private_redis(*extra_args: str) -> Iterator[RedisServer]:
+    """A redis-server of our own on a free port; stopped and removed on exit."""
+    server = RedisServer(*extra_args)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+def redis_version(client: Any) -> str:
+    return str(client.info("server")["redis_version"])
+
+
+def setup_django(redis_url: str) -> None:
+    """Set Django up with the demo settings, pointing ``REDIS_URL`` at ``redis_url``.
+
+    Safe to call again with another URL (a later benchmark's server): the
+    default cache is then repointed and its client dropped.
+    """
+    os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
+    previous = os.environ.get("REDIS_URL")
+    os.environ["REDIS_URL"] = redis_url
+    import django
+    from django.apps import apps
+
+    if not apps.ready:
+        django.setup()
+        return
+    if previous != redis_url:
+        from django.conf import settings
+        from django.core.cache import caches
+
+        settings.REDIS_URL = redis_url
+        settings.CACHES["default"]["LOCATION"] = redis_url
+        caches["default"].close()
+        del caches["default"]
+
+
+# -- worker processes ---------------------------------------------------------
+
+
+class Team:
+    """What a worker gets: its ``index``, the team ``size`` and ``sync()``, a barrier
+    shared by all workers (use it to start phases together)."""
+
+    def __init__(self, index: int, size: int, barrier: Any) -> None:
+        self.index = index
+        self.size = size
+        self._barrier = barrier
+
+    def sync(self) -> None:
+        self._barrier.wait(SYNC_TIMEOUT)
+
+
+def _worker(func, team, args, env, results) -> None:  # runs in the child
+    try:
+        os.environ.update(env)
+        import django
+
+        django.setup()
+        team.sync()  # everyone has imported and set up: start together
+        results.put((team.index, True, func(team, *args)))
+    except BaseException:
+        results.put((team.index, False, traceback.format_exc()))
+
+
+def run_workers(
+    func: Callable[..., Any], n: int, *args: Any, timeout: float = SYNC_TIMEOUT * 5
+) -> list[Any]:
+    """Run ``func(team, *args)`` in ``n`` spawned processes with Django set up (same
+    settings and ``REDIS_URL`` as this process); return their results in index order.
+
+    ``func`` must be importable (module level). All workers pass a barrier after
+    set-up, so their first instruction runs at the same time. A worker that raises
+    breaks the barrier for the others and the call raises RuntimeError with its
+    traceback.
+    """
+    env = {k: os.environ[k] for k in ("DJANGO_SETTINGS_MODULE", "REDIS_URL") if k in os.environ}
+    barrier = _ctx.Barrier(n)
+    results = _ctx.Queue()
+    procs = [
+        _ctx.Process(
+            target=_worker, args=(func, Team(i, n, barrier), args, env, results), daemon=True
+        )
+        for i in range(n)
+    ]
+    for proc in procs:
+        proc.start()
+    collected: dict[int, Any] = {}
+    failures: list[str] = []
+    try:
+        for _ in range(n):
+            try:
+                index, ok, value = results.get(timeout=timeout)
+            except queue.Empty:
+                raise RuntimeError(f"{n - len(collected) - len(failures)} worker(s) hung") from None
+            if ok:
+                collected[index] = value
+            else:
+                failures.append(f"worker {index}:\n{value}")
+                barrier.abort()
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    if failures:
+        raise RuntimeError("\n".join(failures))
+    return [collected[i] for i in range(n)]
+
+
+# -- statistics and tables ----------------------------------------------------
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """The ``pct``-th percentile (0-100) by linear interpolation; NaN when empty."""
+    if not values:
+        return float("nan")
+    data = sorted(values)
+    rank = (len(data) - 1) * pct / 100
+    low = int(rank)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (rank - low)
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 50)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Rows as aligned text columns: numbers (and number-like text) right, text left."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    right = [
+        all(_numeric(row[i]) for row in cells[1:]) and len(cells) > 1 for i in range(len(headers))
+    ]
+    lines = []
+    for n, row in enumerate(cells):
+        parts = [
+            c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right, strict=True)
+        ]
+        lines.append("  ".join(parts).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _numeric(text: str) -> bool:
+    head = text.split(" ")[0].rstrip("x%")
+    try:
+        float(head.replace(",", ""))
+    except ValueError:
+        return text in ("-", "n/a", "nan")
+    return True
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
