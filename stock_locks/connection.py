@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 from .conf import settings
 
 if TYPE_CHECKING:
     from redis import Redis
+
+DEFAULT_SOCKET_TIMEOUT = 5.0  # seconds, redis-py's own default
 
 
 def get_redis(alias: str | None = None) -> Redis:
@@ -22,13 +25,27 @@ def get_redis(alias: str | None = None) -> Redis:
     return get_redis_connection(alias or settings.REDIS_ALIAS)
 
 
+_caps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def blocking_cap(client: object) -> float | None:
     """The client's socket timeout in seconds (None when unbounded).
 
     A blocking command (BLPOP) must return before the socket times out, so
-    waits are cut into slices shorter than this.
+    waits are cut into slices shorter than this. The value is what the pool's
+    connections really get (redis-py may default it without listing it in
+    ``connection_kwargs``), read once per pool without connecting.
     """
     pool = getattr(client, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", None) or {}
-    value = kwargs.get("socket_timeout")
-    return float(value) if value else None
+    if pool is None:
+        return DEFAULT_SOCKET_TIMEOUT
+    try:
+        return _caps[pool]
+    except KeyError:
+        pass
+    try:
+        value = pool.connection_class(**pool.connection_kwargs).socket_timeout
+    except Exception:  # an exotic pool: assume the usual default
+        value = DEFAULT_SOCKET_TIMEOUT
+    _caps[pool] = float(value) if value else None
+    return _caps[pool]

@@ -77,10 +77,14 @@ def owner_token() -> str:
     return token
 
 
-def acquire_argv(token: str, ttl_ms: int, depth: int, caller: str, watchdog: bool) -> tuple:
-    """ARGV of ``lock_acquire.lua``."""
-    thread = threading.current_thread().name
-    return (token, ttl_ms, depth, _process.host, _process.pid, thread, caller, int(watchdog))
+def holder_argv(caller: str, watchdog: bool) -> tuple:
+    """The fixed tail of ``lock_acquire.lua``'s ARGV: host, pid, caller, watchdog."""
+    return (_process.host, _process.pid, caller, int(watchdog))
+
+
+def acquire_argv(token: str, ttl_ms: int, depth: int, holder: tuple, waited: bool) -> tuple:
+    """ARGV of ``lock_acquire.lua``; ``holder`` comes from :func:`holder_argv`."""
+    return (token, ttl_ms, depth, threading.current_thread().name, *holder, int(waited))
 
 
 def release_argv(token: str, depth: int) -> tuple:
@@ -167,6 +171,8 @@ class Lock:
         self._acquire_keys = (self.keys.lock, self.keys.fence, self.keys.holder)
         self._release_keys = (self.keys.lock, self.keys.holder, self.keys.signal)
         self._extend_keys = (self.keys.lock, self.keys.holder)
+        self._holder = holder_argv(self.caller, watchdog)
+        self._holder_process = _process
 
     def __repr__(self) -> str:
         state = f"fence={self.fence}" if self._holds else "not held"
@@ -214,9 +220,10 @@ class Lock:
         deadline = None
         if blocking and timeout:
             deadline = time.monotonic() + timeout
+        waited = False
         while True:
             try:
-                granted, value, count = self.do_acquire(token, depth)
+                granted, value, count = self.do_acquire(token, depth, waited)
             except RedisError:
                 if depth == 0:
                     self._abandon(token)
@@ -236,6 +243,7 @@ class Lock:
                     return False
                 wait = min(wait, remaining)
             self.do_wait(wait)
+            waited = True
 
     def release(self) -> None:
         """Give the lock up; a reentrant owner's hold is decremented, freed at zero.
@@ -253,7 +261,8 @@ class Lock:
         entry = (self.keys.lock, token)
         depth = _depths.get(entry, 1) if self.reentrant else 1
         self._holds -= 1
-        if depth <= 1:
+        if depth <= 1 and (self.watchdog or self.reentrant):
+            # (a reentrant hold may have been registered by another Lock object)
             _watchdog.discard(entry)
         result = self.do_release(token, depth)
         if self.reentrant:
@@ -321,9 +330,11 @@ class Lock:
 
     # -- the only code that talks to Redis ----------------------------------
 
-    def do_acquire(self, token: str, depth: int) -> tuple[bool, int, int]:
+    def do_acquire(self, token: str, depth: int, waited: bool = False) -> tuple[bool, int, int]:
         """One acquire round trip: (granted, fence or holder's pttl, count)."""
-        argv = acquire_argv(token, self._ttl_ms, depth, self.caller, self.watchdog)
+        if self._holder_process is not _process:  # used in a forked child
+            self._holder, self._holder_process = holder_argv(self.caller, self.watchdog), _process
+        argv = acquire_argv(token, self._ttl_ms, depth, self._holder, waited)
         replicas = settings.REPLICAS
         if replicas:
             return self._do_acquire_replicated(token, argv, replicas)
@@ -432,16 +443,19 @@ class Watchdog:
         self._renewals: dict[tuple[str, str], _Renewal] = {}
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._wake_at: float | None = None  # when the sleeping thread next looks; None: never
 
     def add(self, lock: Lock) -> None:
+        renewal = _Renewal(lock)
         with self._cond:
-            self._renewals[(lock.keys.lock, lock.token)] = _Renewal(lock)
+            self._renewals[(lock.keys.lock, lock.token)] = renewal
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name=self.THREAD_NAME, daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            elif self._wake_at is None or renewal.due < self._wake_at:
+                self._cond.notify()  # only when this lock falls due before the planned wake-up
 
     def discard(self, entry: tuple[str, str]) -> None:
         with self._cond:
@@ -455,8 +469,11 @@ class Watchdog:
             with self._cond:
                 batch = self._take_due()
                 while not batch:
-                    self._cond.wait(self._next_wait())
+                    wait = self._next_wait()
+                    self._wake_at = None if wait is None else time.monotonic() + wait
+                    self._cond.wait(wait)
                     batch = self._take_due()
+                self._wake_at = 0.0  # busy renewing: add() need not notify
             self._renew(batch)
 
     def _take_due(self) -> list[tuple[tuple[str, str], _Renewal]]:

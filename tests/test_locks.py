@@ -243,6 +243,30 @@ def test_waiter_is_woken_by_the_release_not_by_the_lease(redis_client):
     assert commandstats(redis_client)["cmdstat_evalsha"] == evalsha_while_blocked + 2
 
 
+def test_a_queue_of_waiters_is_woken_release_by_release(redis_server, redis_client):
+    # Every lease is far longer than the test's timeout and the socket never times
+    # out, so each waiter can only be granted if the previous holder's release woke it.
+    client = redis.Redis(port=redis_server.port, socket_timeout=None)
+    holder = Lock("queue", ttl=300, redis=client)
+    holder.acquire()
+    granted: list[bool] = []
+
+    def wait_then_pass_on() -> None:
+        lock = Lock("queue", ttl=300, timeout=TIMEOUT, redis=client)
+        granted.append(lock.acquire())
+        if granted[-1]:
+            lock.release()
+
+    waiters = [threading.Thread(target=wait_then_pass_on) for _ in range(4)]
+    for waiter in waiters:
+        waiter.start()
+    wait_until(lambda: blocked_clients(redis_client) == 4, what="4 waiters blocked")
+    holder.release()
+    for waiter in waiters:
+        waiter.join(TIMEOUT + 5)
+    assert granted == [True] * 4
+
+
 def _increment_under_lock(index: int, rounds: int) -> list[tuple[int, int]]:
     from stock_locks.connection import get_redis
 
@@ -388,3 +412,11 @@ def test_replica_check_passes_with_a_live_replica(redis_factory, use_redis):
         Lock("repl", ttl=10) as lock,
     ):
         assert replica.client().get("sl:lock:{repl}").decode() == lock.token
+
+
+def test_a_wait_longer_than_the_socket_timeout_is_sliced_not_failed(redis_server):
+    # redis-py would raise TimeoutError if one BLPOP outlived the socket timeout.
+    client = redis.Redis(port=redis_server.port, socket_timeout=0.3)
+    Lock("slow", ttl=30, redis=client).acquire()
+    waiter = Lock("slow", ttl=30, timeout=1.0, redis=client)
+    assert waiter.acquire() is False

@@ -1,4 +1,4 @@
--- Release a lock held by a token, and wake one waiter.
+-- Release a lock held by a token, and wake one waiter if any was refused.
 --
 -- KEYS[1] lock key   KEYS[2] holder hash   KEYS[3] wake-up signal list
 -- ARGV[1] token
@@ -15,8 +15,13 @@ if depth > 1 then
   redis.call('HSET', KEYS[2], 'count', depth - 1)
   return 2
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
--- One element: a release wakes one waiter, whose own release wakes the next.
-redis.call('RPUSH', KEYS[3], 1)
-redis.call('PEXPIRE', KEYS[3], ARGV[3])
+local waiters = redis.call('HGET', KEYS[2], 'waiters')
+redis.call('DEL', KEYS[1], KEYS[2])
+if waiters ~= '0' then
+  -- One element: a release wakes one waiter, whose own release wakes the next.
+  -- (A missing hash reads as "maybe waiters": wake one rather than risk none.)
+  redis.call('DEL', KEYS[3])
+  redis.call('RPUSH', KEYS[3], 1)
+  redis.call('PEXPIRE', KEYS[3], ARGV[3])
+end
 return 1
