@@ -65,6 +65,16 @@ DATABASES = {
     )
 }
 
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # The demo's runserver writes from many threads: take the write lock at BEGIN
+    # (so SELECT ... FOR UPDATE's absence on SQLite is still safe) and wait for it.
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,  # seconds
+        "init_command": "PRAGMA journal_mode=WAL;",
+    }
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 CACHES = {

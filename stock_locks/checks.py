@@ -14,6 +14,7 @@ E001 = "stock_locks.E001"  # REDIS_ALIAS is not a configured cache
 E002 = "stock_locks.E002"  # that cache is not a django-redis backend
 E003 = "stock_locks.E003"  # a setting has an invalid value
 E004 = "stock_locks.E004"  # an unknown name in STOCK_LOCKS
+E005 = "stock_locks.E005"  # STOCK_MODEL or its fields do not exist
 W001 = "stock_locks.W001"  # Redis did not answer PING
 
 
@@ -46,11 +47,45 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                     id=E003,
                 )
             )
+    if settings.STRATEGY not in (settings.STRATEGIES or {}):
+        errors.append(
+            checks.Error(
+                f"STOCK_LOCKS['STRATEGY'] is {settings.STRATEGY!r}, not a name in STRATEGIES.",
+                id=E003,
+            )
+        )
+    errors.extend(_check_stock_model())
     replicas = settings.REPLICAS
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
         errors.append(
             checks.Error(f"STOCK_LOCKS['REPLICAS'] must be an int >= 0, got {replicas!r}.", id=E003)
         )
+    return errors
+
+
+def _check_stock_model() -> list[checks.CheckMessage]:
+    from django.apps import apps
+    from django.core.exceptions import FieldDoesNotExist
+
+    label = settings.STOCK_MODEL
+    if not label:
+        return []  # stock strategies unused; get_strategy() says what to set
+    try:
+        model = apps.get_model(label)
+    except (LookupError, ValueError) as exc:
+        return [checks.Error(f"STOCK_LOCKS['STOCK_MODEL'] = {label!r}: {exc}", id=E005)]
+    errors = []
+    for setting in ("STOCK_SKU_FIELD", "STOCK_QUANTITY_FIELD"):
+        try:
+            model._meta.get_field(getattr(settings, setting))
+        except FieldDoesNotExist:
+            errors.append(
+                checks.Error(
+                    f"STOCK_LOCKS[{setting!r}] = {getattr(settings, setting)!r} is not a field "
+                    f"of {label}.",
+                    id=E005,
+                )
+            )
     return errors
 
 

@@ -47,3 +47,13 @@ def test_bad_values_and_unknown_names_are_errors():
         found = ids(checks.check_settings())
     assert found.count("stock_locks.E003") == 3
     assert found.count("stock_locks.E004") == 1
+
+
+def test_stock_model_and_strategy_settings_are_checked():
+    with override_settings(STOCK_LOCKS={"STOCK_MODEL": "shop.Nope"}):
+        assert ids(checks.check_settings()) == ["stock_locks.E005"]
+    bad_field = {"STOCK_MODEL": "shop.Product", "STOCK_QUANTITY_FIELD": "qty"}
+    with override_settings(STOCK_LOCKS=bad_field):
+        assert ids(checks.check_settings()) == ["stock_locks.E005"]
+    with override_settings(STOCK_LOCKS={"STRATEGY": "fast"}):
+        assert ids(checks.check_settings()) == ["stock_locks.E003"]
