@@ -2,7 +2,8 @@
 
 Public API::
 
-    from stock_locks import Lock, locked, lock_model
+    from stock_locks import Lock, Semaphore, FairSemaphore, DelayQueue
+    from stock_locks import locked, lock_model, limit_concurrency
 
 Importing this package loads no models and touches no settings; names are
 imported on first use.
@@ -14,15 +15,29 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .decorators import lock_model, locked
+    from .decorators import limit_concurrency, lock_model, locked
+    from .delayqueue import DelayQueue
     from .locks import Lock
+    from .semaphores import FairSemaphore, Semaphore
 
-__all__ = ["Lock", "locked", "lock_model"]
+__all__ = [
+    "DelayQueue",
+    "FairSemaphore",
+    "Lock",
+    "Semaphore",
+    "limit_concurrency",
+    "lock_model",
+    "locked",
+]
 
 _WHERE = {
     "Lock": ".locks",
+    "Semaphore": ".semaphores",
+    "FairSemaphore": ".semaphores",
+    "DelayQueue": ".delayqueue",
     "locked": ".decorators",
     "lock_model": ".decorators",
+    "limit_concurrency": ".decorators",
 }
 
 

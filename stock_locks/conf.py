@@ -68,6 +68,20 @@ DEFAULTS: dict[str, Any] = {
     # The lock strategy: lease and wait of each per-SKU lock, seconds.
     "STOCK_LOCK_TTL": 10,
     "STOCK_LOCK_TIMEOUT": 10,
+    # Semaphores: default lease of a permit, seconds; how long a decorated
+    # view or task waits for a permit; the status a view answers without one.
+    "SEMAPHORE_TTL": 30,
+    "SEMAPHORE_TIMEOUT": 10,
+    "SEMAPHORE_TIMEOUT_STATUS": 429,
+    # Delay queues drained by the Celery task (names), how often beat runs it
+    # (seconds), how many items one claim takes, how long a claimed item stays
+    # invisible to other drainers (seconds) and how many deliveries it gets
+    # before it goes to the dead-letter set.
+    "DELAY_QUEUES": ["default"],
+    "DELAY_QUEUE_INTERVAL": 1,
+    "DELAY_QUEUE_BATCH": 500,
+    "DELAY_QUEUE_VISIBILITY": 30,
+    "DELAY_QUEUE_MAX_ATTEMPTS": 5,
 }
 
 

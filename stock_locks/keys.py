@@ -72,3 +72,47 @@ class StockKeys:
 
     def sku_from_counter(self, key: str) -> str:
         return key[len(self._counter) :]
+
+
+class SemaphoreKeys(NamedTuple):
+    holders: str  # zset: holder id -> lease expiry (ms, Redis clock)
+    meta: str  # hash: "limit" and holder id -> holder metadata (JSON)
+    signal: str  # wake-up list of the plain semaphore
+    queue: str  # fair: zset waiter id -> ticket (arrival order)
+    alive: str  # fair: zset waiter id -> when its place in the queue lapses (ms)
+    ticket: str  # fair: ticket counter
+    wake_prefix: str  # fair: + waiter id = that waiter's own wake-up list
+
+
+def semaphore_keys(name: str) -> SemaphoreKeys:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a semaphore name must be a non-empty string, got {name!r}")
+    base = f"{settings.KEY_PREFIX}:sem:{{{name}}}"
+    return SemaphoreKeys(
+        base, f"{base}:meta", f"{base}:signal", f"{base}:queue", f"{base}:alive",
+        f"{base}:ticket", f"{base}:wake:",
+    )  # fmt: skip
+
+
+def semaphore_scan_pattern() -> str:
+    return f"{settings.KEY_PREFIX}:sem:{{*}}"
+
+
+class DelayQueueKeys(NamedTuple):
+    due: str  # zset: item id -> due time (ms, Redis clock)
+    items: str  # hash: item id -> JSON {"task", "payload"}
+    attempts: str  # hash: item id -> deliveries so far
+    errors: str  # hash: item id -> last error
+    inflight: str  # zset: item id -> visibility deadline (ms)
+    dead: str  # zset: item id -> when it was given up (ms)
+    signal: str  # list a schedule pushes when it moves the next due time earlier
+
+
+def delay_queue_keys(name: str) -> DelayQueueKeys:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a delay queue name must be a non-empty string, got {name!r}")
+    base = f"{settings.KEY_PREFIX}:dq:{{{name}}}"
+    return DelayQueueKeys(
+        f"{base}:due", f"{base}:items", f"{base}:attempts", f"{base}:errors",
+        f"{base}:inflight", f"{base}:dead", f"{base}:signal",
+    )  # fmt: skip
