@@ -79,7 +79,14 @@ class StressResult:
 
     @property
     def ok(self) -> bool:
-        return self.oversold == 0 and self.drift == 0 and self.conserved and self.final_stock >= 0
+        """Nothing oversold, lost or drifted, and every attempt answered (sold or refused)."""
+        return (
+            self.oversold == 0
+            and self.drift == 0
+            and self.conserved
+            and self.final_stock >= 0
+            and self.errors == 0
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

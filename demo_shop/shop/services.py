@@ -32,7 +32,7 @@ def parse_order_body(body: bytes) -> tuple[dict[str, int], str]:
     """
     try:
         data = json.loads(body or b"")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise BadRequest("the body is not valid JSON") from None
     if not isinstance(data, dict):
         raise BadRequest('the body must be a JSON object with an "items" list')
@@ -75,6 +75,13 @@ def place_order(
     if key:
         existing = Order.objects.filter(ref=ref).first()
         if existing is not None:
+            bought = dict(existing.lines.values_list("sku", "qty"))
+            if bought != cart:
+                raise ReservationError(
+                    f"Idempotency-Key {key!r} was used for another cart: {bought}",
+                    order_ref=ref,
+                    status=existing.status,
+                )
             return existing, False
     strategy = get_strategy(strategy_name)
     reservation = strategy.reserve(ref, cart)

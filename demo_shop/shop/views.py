@@ -37,8 +37,8 @@ IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,80}$")
 REDIS_DOWN = (RedisUnavailable, RedisConnectionError, RedisTimeoutError)
 
 
-def error(status: int, code: str, message: str, **extra) -> JsonResponse:
-    return JsonResponse({"error": code, "message": message, **extra}, status=status)
+def error(http_status: int, code: str, message: str, **extra) -> JsonResponse:
+    return JsonResponse({"error": code, "message": message, **extra}, status=http_status)
 
 
 def unavailable() -> JsonResponse:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from django.core.management.base import CommandError
+
 from ...stock.reconcile import SkuStock
 
 COLUMNS = ("sku", "db", "redis", "reserved", "drift")
@@ -25,3 +27,10 @@ def render(rows: list[SkuStock], as_json: bool) -> str:
         for row in cells
     ]
     return "\n".join(lines)
+
+
+def check_known(asked: list[str], rows: list[SkuStock]) -> None:
+    """CommandError when SKUs named on the command line do not exist."""
+    unknown = sorted(set(asked) - {row.sku for row in rows})
+    if unknown:
+        raise CommandError(f"unknown SKU(s): {', '.join(unknown)}")

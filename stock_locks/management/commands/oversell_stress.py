@@ -10,7 +10,7 @@ class Command(BaseCommand):
     help = (
         "Fire many concurrent buyers at the same stock with each strategy and report sold, "
         "refused, oversold (must be 0), final stock, drift, throughput and latency. "
-        "Exits 1 when anything oversold or drifted."
+        "Exits 1 when anything oversold, drifted or an attempt failed with an error."
     )
 
     def add_arguments(self, parser):
@@ -59,7 +59,7 @@ class Command(BaseCommand):
                     self.stdout.write(f"  {result.strategy} error: {sample}")
         failed = [r.strategy for r in results if not r.ok]
         if failed:
-            raise CommandError(f"oversold, drift or lost stock with: {', '.join(failed)}")
+            raise CommandError(f"oversold, drift, lost stock or errors with: {', '.join(failed)}")
 
 
 def _json_line(data: dict) -> str:

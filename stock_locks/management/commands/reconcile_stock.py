@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from ...stock.reconcile import close_orphan_records, repair_counters, stock_report
-from ._stock_table import render
+from ._stock_table import check_known, render
 
 
 class Command(BaseCommand):
@@ -17,6 +17,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, skus: list[str], fix: bool, json: bool, **options):
         report = stock_report(skus or None)
+        check_known(skus, report)
         if fix:
             closed = close_orphan_records()
             fixed = repair_counters(report)

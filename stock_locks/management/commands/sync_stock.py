@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand
 
 from ...stock.reconcile import stock_report, sync_counters
-from ._stock_table import render
+from ._stock_table import check_known, render
 
 
 class Command(BaseCommand):
@@ -12,5 +12,5 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     def handle(self, *args, skus: list[str], json: bool, **options):
-        sync_counters(skus or None)
+        check_known(skus, sync_counters(skus or None))
         self.stdout.write(render(stock_report(skus or None), json))
