@@ -89,12 +89,22 @@ CACHES = {
     }
 }
 
+# Celery: Redis is the broker by default; beat drains the delay queues
+# (stock_locks.tasks.beat_schedule, added by demo_shop/celery.py).
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# Unpaid orders expire (and their stock returns) this many seconds after they are placed.
+ORDER_TTL = float(os.environ.get("ORDER_TTL", 15 * 60))
+
 STOCK_LOCKS = {
     "REDIS_ALIAS": "default",
     "KEY_PREFIX": "sl",
     "STOCK_MODEL": "shop.Product",
     "STOCK_SKU_FIELD": "sku",
     "STOCK_QUANTITY_FIELD": "stock",
+    "DELAY_QUEUE_INTERVAL": float(os.environ.get("DELAY_QUEUE_INTERVAL", 1)),
 }
 
 AUTH_PASSWORD_VALIDATORS = []

@@ -27,9 +27,7 @@ from urllib.parse import urlsplit
 
 from django.db import connections
 
-from . import scripts
 from .exceptions import OutOfStock
-from .keys import StockKeys
 from .models import Reservation
 from .stock import get_strategy
 from .stock.base import StockModel
@@ -127,21 +125,25 @@ def run_stress(config: StressConfig, strategy: str, progress: TextIO | None = No
 
 
 def prepare(config: StressConfig, strategy: str) -> list[str]:
-    """Reset this strategy's SKUs to ``config.stock`` and forget earlier stress runs."""
+    """Reset this strategy's SKUs to ``config.stock``.
+
+    Reservations still open from earlier runs are released first, through the
+    strategy (so Redis, the database and any order that refers to them stay
+    consistent), then the stock is set.
+    """
     stock = StockModel()
+    chosen = get_strategy(strategy)
     skus = [f"{config.prefix}-{strategy}-{n}" for n in range(config.pool)]
+    stale = Reservation.objects.filter(
+        order_ref__contains=f"{config.prefix}-{strategy}-", status=Reservation.Status.RESERVED
+    )
+    for ref in stale.values_list("order_ref", flat=True):
+        chosen.release(ref)
     has_fence = "fence" in {f.name for f in stock.model._meta.get_fields()}
     for sku in skus:
         defaults = {stock.qty: config.stock, **({"fence": 0} if has_fence else {})}
         stock.objects.update_or_create(**{stock.sku: sku}, defaults=defaults)
-    stale = f"{config.prefix}-{strategy}-"
-    Reservation.objects.filter(order_ref__contains=stale).delete()
-    strategy_obj = get_strategy(strategy)
-    if isinstance(strategy_obj, RedisStockStrategy):
-        keys, client = StockKeys(), strategy_obj.redis
-        for ref, _ in client.zscan_iter(keys.index, match=f"*{stale}*"):
-            ref = ref.decode() if isinstance(ref, bytes) else ref
-            scripts.STOCK_COMMIT([keys.record(ref), keys.index], [ref], client=client)
+    if isinstance(chosen, RedisStockStrategy):
         sync_counters(skus)
     return skus
 

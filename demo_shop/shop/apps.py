@@ -6,3 +6,6 @@ class ShopConfig(AppConfig):
     label = "shop"
     verbose_name = "Demo shop"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import expiry  # noqa: F401  registers the delay-queue handler

@@ -37,6 +37,9 @@ class Order(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     paid_at = models.DateTimeField(null=True, blank=True)
     cancelled_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="Unpaid after this: expired."
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -55,6 +58,7 @@ class Order(models.Model):
                 for line in self.lines.all()
             ],
             "created_at": self.created_at.isoformat(),
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
         }
 
 

@@ -5,10 +5,13 @@ Views parse and answer HTTP; everything that moves stock happens here.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import logging
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -16,7 +19,10 @@ from stock_locks.conf import settings as stock_settings
 from stock_locks.exceptions import InvalidQuantity, ReservationError
 from stock_locks.stock import get_strategy, normalize_cart, strategy_names
 
+from .expiry import forget_expiry, schedule_expiry
 from .models import Order, OrderLine, Product
+
+log = logging.getLogger("demo_shop.orders")
 
 
 class BadRequest(Exception):
@@ -63,13 +69,15 @@ def parse_order_body(body: bytes) -> tuple[dict[str, int], str]:
 
 
 def place_order(
-    cart: dict[str, int], strategy_name: str, key: str | None = None
+    cart: dict[str, int], strategy_name: str, key: str | None = None, ttl: float | None = None
 ) -> tuple[Order, bool]:
-    """Reserve the cart and create the order; (order, created).
+    """Reserve the cart, create the order and schedule its expiry; (order, created).
 
     ``key`` (an Idempotency-Key) makes a retried request return the first
-    order instead of buying twice. Raises what the strategy raises
-    (OutOfStock, InvalidQuantity, RedisUnavailable, ...); nothing is kept then.
+    order instead of buying twice. The order expires unpaid after ``ttl``
+    seconds (default ``settings.ORDER_TTL``). Raises what the strategy raises
+    (OutOfStock, InvalidQuantity, RedisUnavailable, ...), and redis-py's errors
+    when the expiry cannot be scheduled; nothing is kept then.
     """
     ref = f"shop-{key}" if key else f"shop-{uuid.uuid4().hex}"
     if key:
@@ -83,12 +91,14 @@ def place_order(
                     status=existing.status,
                 )
             return existing, False
+    ttl = settings.ORDER_TTL if ttl is None else ttl
     strategy = get_strategy(strategy_name)
     reservation = strategy.reserve(ref, cart)
     try:
         with transaction.atomic():
+            expires_at = timezone.now() + dt.timedelta(seconds=ttl)
             order, created = Order.objects.get_or_create(
-                ref=ref, defaults={"strategy": strategy_name}
+                ref=ref, defaults={"strategy": strategy_name, "expires_at": expires_at}
             )
             if created:
                 products = {p.sku: p for p in Product.objects.filter(sku__in=cart)}
@@ -97,12 +107,20 @@ def place_order(
                               price=products[sku].price)
                     for sku, qty in reservation.lines.items()
                 )  # fmt: skip
+                schedule_expiry(order.pk, ttl)  # fails -> the order is rolled back
     except BaseException:
         if reservation.created:
-            strategy.release(ref)
+            _give_back(strategy, ref)
         raise
     order.retries = reservation.retries
     return order, created
+
+
+def _give_back(strategy, ref: str) -> None:
+    try:
+        strategy.release(ref)
+    except Exception as exc:  # the original error is the one to report
+        log.error("order %s failed and its reservation could not be released: %s", ref, exc)
 
 
 def pay_order(order: Order) -> Order:
@@ -116,6 +134,7 @@ def pay_order(order: Order) -> Order:
     get_strategy(order.strategy).commit(order.ref)
     order.status, order.paid_at = Order.Status.PAID, timezone.now()
     order.save(update_fields=["status", "paid_at", "updated_at"])
+    forget_expiry(order.pk)
     return order
 
 
@@ -130,4 +149,6 @@ def cancel_order(order: Order, status: str = Order.Status.CANCELLED) -> Order:
     get_strategy(order.strategy).release(order.ref)
     order.status, order.cancelled_at = status, timezone.now()
     order.save(update_fields=["status", "cancelled_at", "updated_at"])
+    if status != Order.Status.EXPIRED:
+        forget_expiry(order.pk)
     return order

@@ -1,0 +1,199 @@
+"""DelayQueue against a real Redis: due order, de-duplication, at-least-once, dead letters."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from stock_locks import DelayQueue
+from stock_locks.delayqueue import HANDLERS, InvalidSchedule, handler
+from tests.support.processes import run_in_processes
+
+
+def in_the_past(seconds: float) -> dt.datetime:
+    return dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+
+
+def expire_visibility(queue: DelayQueue, redis_client, item_id: str) -> None:
+    """Make an in-flight item's visibility run out now (state written, not slept for)."""
+    assert redis_client.zadd(queue.keys.inflight, {item_id: 1}, xx=True, ch=True) == 1
+
+
+@pytest.fixture
+def queue() -> DelayQueue:
+    return DelayQueue("test", max_attempts=3, visibility_timeout=30)
+
+
+def test_only_due_items_are_claimed_in_due_order(queue):
+    queue.schedule("t", {"n": "a"}, eta=in_the_past(3), id="a")
+    queue.schedule("t", {"n": "b"}, eta=in_the_past(1), id="b")
+    queue.schedule("t", {"n": "c"}, eta=in_the_past(2), id="c")
+    queue.schedule("t", {"n": "later"}, delay=60, id="later")
+    claimed = queue.claim(10)
+    assert [item.id for item in claimed] == ["a", "c", "b"]
+    assert [item.payload for item in claimed] == [{"n": "a"}, {"n": "c"}, {"n": "b"}]
+    assert all(item.task == "t" and item.attempts == 1 for item in claimed)
+    assert queue.claim(10) == []  # in flight, and "later" is not due
+    stats = queue.stats()
+    assert (stats["due_now"], stats["scheduled"], stats["in_flight"], stats["dead"]) == (0, 1, 3, 0)
+    assert 55 < stats["next_due_in"] <= 60
+
+
+def test_delay_counts_from_the_redis_clock(queue, redis_client):
+    queue.schedule("t", delay=10, id="x")
+    seconds, micros = redis_client.time()
+    due = redis_client.zscore(queue.keys.due, "x")
+    assert 9_900 <= due - (seconds * 1000 + micros // 1000) <= 10_000
+
+
+def test_scheduling_an_id_again_replaces_it_never_duplicates(queue, redis_client):
+    queue.schedule("t", {"v": 1}, delay=60, id="order-7")
+    queue.schedule("t", {"v": 2}, eta=in_the_past(1), id="order-7")
+    assert redis_client.zcard(queue.keys.due) == 1
+    [item] = queue.claim(10)
+    assert (item.id, item.payload) == ("order-7", {"v": 2})
+
+
+def test_unacked_item_is_delivered_again_after_its_visibility(queue, redis_client):
+    queue.schedule("t", {"v": 1}, id="crash")
+    [first] = queue.claim(1)  # ...and the drainer dies without acking
+    assert queue.claim(1) == []  # invisible while its visibility lasts
+    expire_visibility(queue, redis_client, "crash")
+    [again] = queue.claim(1)
+    assert (again.id, again.attempts) == ("crash", 2)
+    assert queue.ack("crash") == 1
+    assert queue.stats()["in_flight"] == 0 and not redis_client.hexists(queue.keys.items, "crash")
+
+
+def test_item_goes_to_dead_letters_after_max_attempts_with_its_last_error(queue, redis_client):
+    queue.schedule("t", {"v": 1}, id="poison")
+    for attempt in (1, 2):
+        [item] = queue.claim(1)
+        assert item.attempts == attempt
+        assert queue.fail("poison", f"boom {attempt}", delay=0) == "retry"
+    [item] = queue.claim(1)
+    assert queue.fail("poison", "boom 3", delay=0) == "dead"
+    assert queue.claim(1) == []
+    [letter] = queue.dead_letters()
+    assert (letter["id"], letter["attempts"], letter["error"]) == ("poison", 3, "boom 3")
+    assert queue.stats()["dead"] == 1
+    assert queue.requeue("poison") is True
+    [item] = queue.claim(1)
+    assert item.attempts == 1  # fresh deliveries
+
+
+def test_a_lost_drainer_on_the_last_attempt_also_ends_in_dead_letters(queue, redis_client):
+    queue.schedule("t", id="lost")
+    for _ in range(3):
+        queue.claim(1)
+        expire_visibility(queue, redis_client, "lost")
+    assert queue.claim(1) == []
+    [letter] = queue.dead_letters()
+    assert "visibility timeout" in letter["error"]
+
+
+def test_ack_leaves_an_item_rescheduled_while_it_was_handled(queue, redis_client):
+    queue.schedule("t", {"v": 1}, id="r")
+    queue.claim(1)
+    queue.schedule("t", {"v": 2}, delay=60, id="r")  # rescheduled by someone meanwhile
+    assert queue.ack("r") == 0
+    assert redis_client.zscore(queue.keys.due, "r") is not None
+
+
+def test_cancel_removes_it_wherever_it_is(queue):
+    queue.schedule("t", delay=60, id="due")
+    queue.schedule("t", id="flying")
+    queue.claim(5)
+    assert queue.cancel("due") and queue.cancel("flying")
+    assert not queue.cancel("due")
+    stats = queue.stats()
+    assert (stats["scheduled"], stats["in_flight"]) == (0, 0)
+
+
+def test_ack_of_a_batch_is_one_round_trip(queue, redis_client):
+    for n in range(50):
+        queue.schedule("t", id=f"i{n}")
+    items = queue.claim(50)
+    redis_client.config_resetstat()
+    assert queue.ack(*(item.id for item in items)) == 50
+    assert redis_client.info("commandstats")["cmdstat_evalsha"]["calls"] == 1
+
+
+def test_bad_arguments_change_nothing(queue, redis_client):
+    bad_calls = [
+        lambda: queue.schedule("", {}),
+        lambda: queue.schedule("t", {"x": {1, 2}}),  # a set is not JSON
+        lambda: queue.schedule("t", delay=-1),
+        lambda: queue.schedule("t", delay=True),
+        lambda: queue.schedule("t", eta=dt.datetime(2030, 1, 1)),  # naive
+        lambda: queue.schedule("t", delay=1, eta=in_the_past(1)),
+        lambda: queue.schedule("t", id=""),
+        lambda: queue.claim(0),
+        lambda: DelayQueue(""),
+        lambda: DelayQueue("q", max_attempts=0),
+    ]
+    for call in bad_calls:
+        with pytest.raises(InvalidSchedule):
+            call()
+    assert redis_client.dbsize() == 0
+
+
+# -- draining ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def handled():
+    seen: list = []
+    handler("tests.record")(seen.append)
+
+    @handler("tests.explode")
+    def explode(payload):
+        raise RuntimeError(f"cannot handle {payload}")
+
+    yield seen
+    HANDLERS.pop("tests.record", None)
+    HANDLERS.pop("tests.explode", None)
+
+
+def test_drain_runs_handlers_acks_and_buries_unknown_tasks(queue, handled):
+    queue.schedule("tests.record", {"n": 1}, id="ok-1")
+    queue.schedule("tests.record", {"n": 2}, id="ok-2")
+    queue.schedule("no.such.task", {"n": 3}, id="unknown")
+    queue.schedule("tests.explode", {"n": 4}, id="bad")
+    result = queue.drain()
+    assert handled == [{"n": 1}, {"n": 2}]
+    assert (result.handled, result.dead, result.failed) == (2, 1, 1)
+    letters = {letter["id"]: letter for letter in queue.dead_letters()}
+    assert "no handler or Celery task" in letters["unknown"]["error"]
+    stats = queue.stats()
+    assert (stats["in_flight"], stats["scheduled"], stats["dead"]) == (
+        0,
+        1,
+        1,
+    )  # "bad" retries later
+
+
+def _claim_and_record(index: int, batch: int) -> list[str]:
+    queue = DelayQueue("race", visibility_timeout=60)
+    seen = []
+    while items := queue.claim(batch):
+        seen.extend(item.id for item in items)
+        queue.ack(*(item.id for item in items))
+    return seen
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_drainers_never_get_the_same_item(redis_client):
+    queue = DelayQueue("race")
+    pipe = redis_client.pipeline(transaction=False)
+    for n in range(3000):
+        pipe.zadd(queue.keys.due, {f"i{n}": 1})
+        pipe.hset(queue.keys.items, f"i{n}", '{"task":"t","payload":null}')
+    pipe.execute()
+    per_process = run_in_processes(_claim_and_record, 4, 25)
+    assert all(per_process)  # every drainer took part
+    claimed = [item for seen in per_process for item in seen]
+    assert len(claimed) == 3000
+    assert len(set(claimed)) == 3000
+    assert queue.stats()["scheduled"] == 0 and queue.stats()["in_flight"] == 0
