@@ -10,7 +10,7 @@ import os
 import dj_database_url
 
 from demo_shop.settings import *  # noqa: F403
-from demo_shop.settings import CACHES
+from demo_shop.settings import CACHES, STOCK_LOCKS
 
 DATABASES = {
     "default": dj_database_url.parse(
@@ -26,3 +26,11 @@ CACHES["default"]["LOCATION"] = os.environ.get("REDIS_URL", "redis://127.0.0.1:1
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+
+# Celery workers started by the tests load the test-only delay-queue handlers,
+# and may be given a short visibility timeout through the environment.
+CELERY_IMPORTS = ("tests.support.celery_handlers",)
+STOCK_LOCKS = {
+    **STOCK_LOCKS,
+    "DELAY_QUEUE_VISIBILITY": float(os.environ.get("DELAY_QUEUE_VISIBILITY", 30)),
+}
