@@ -12,15 +12,21 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from demo_shop.shop.models import Order, Product
+from demo_shop.shop.services import pay_order, place_order
+from stock_locks.exceptions import OutOfStock
+
 from .seed_shop import DEMO_PASSWORD, DEMO_USER
 
-STARTUP_TIMEOUT = 30  # seconds for the server to answer
+STARTUP_TIMEOUT = 30  # seconds for the server (or an expiry) to happen
+SCENE_TTL = 4  # seconds an unpaid order lives in the expiry scene
 
 
 class Command(BaseCommand):
     help = (
-        "Seed the shop, start it on 127.0.0.1, run a flash sale over HTTP with every stock "
-        "strategy (oversell_stress), then keep the shop and admin running until Ctrl-C."
+        "Seed the shop, start it and a Celery worker with beat, run a flash sale over HTTP "
+        "with every stock strategy (oversell_stress), show unpaid orders expiring and their "
+        "stock selling again, then keep the shop and admin running until Ctrl-C."
     )
 
     def add_arguments(self, parser):
@@ -36,13 +42,14 @@ class Command(BaseCommand):
         call_command("seed_shop", stdout=self.stdout)
         base = f"http://127.0.0.1:{port}"
         self.stdout.write(f"starting the shop at {base} (database: {_database_label()})")
-        server = subprocess.Popen(
-            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-            cwd=settings.BASE_DIR,
-            env=os.environ.copy(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        (settings.BASE_DIR / ".cache").mkdir(exist_ok=True)
+        server = _start(
+            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]
         )
+        celery = _start(
+            [sys.executable, "-m", "celery", "-A", "demo_shop", "worker", "--beat", "--pool=solo",
+             "--loglevel=WARNING", f"--schedule={settings.BASE_DIR / '.cache' / 'celerybeat'}"]
+        )  # fmt: skip
         try:
             _wait_until_up(f"{base}/api/products/", server)
             self.stdout.write(
@@ -60,6 +67,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 "\noversold must be 0 and final stock = initial - units sold, for every strategy."
             )
+            self._expiry_scene()
             if failed or no_serve:
                 if failed:
                     raise failed
@@ -72,8 +80,52 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             self.stdout.write("\nstopping")
         finally:
-            server.terminate()
-            server.wait(timeout=10)
+            for process in (server, celery):
+                process.terminate()
+                process.wait(timeout=10)
+
+    def _expiry_scene(self) -> None:
+        say = self.stdout.write
+        say(
+            f"\nUnpaid orders expire: KETTLE has {_kettles()} in stock, 6 buyers want one, and an "
+            f"order not paid within {SCENE_TTL} s expires (Celery beat drains the delay queue):"
+        )
+        orders = []
+        for buyer in range(1, 7):
+            try:
+                order, _ = place_order({"KETTLE": 1}, "lua", ttl=SCENE_TTL)
+                orders.append(order)
+                say(f"  buyer {buyer}: order {order.pk} reserved")
+            except OutOfStock as exc:
+                say(f"  buyer {buyer}: refused, {exc.available} left")
+        for order in orders[:3]:
+            pay_order(order)
+        say(f"  buyers 1-3 pay; buyers 4-5 walk away. KETTLE in stock: {_kettles()}")
+        unpaid = [order.pk for order in orders[3:]]
+        deadline = time.monotonic() + SCENE_TTL + STARTUP_TIMEOUT
+        while Order.objects.filter(pk__in=unpaid, status=Order.Status.EXPIRED).count() < len(
+            unpaid
+        ):
+            if time.monotonic() > deadline:
+                raise CommandError("the unpaid orders did not expire: is the Celery worker up?")
+            time.sleep(0.2)
+        say(f"  orders {unpaid} expired; KETTLE in stock again: {_kettles()}")
+        order, _ = place_order({"KETTLE": 1}, "lua")
+        say(f"  buyer 6 tries again: order {order.pk} reserved from the returned stock")
+
+
+def _start(command: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        command,
+        cwd=settings.BASE_DIR,
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _kettles() -> int:
+    return Product.objects.get(sku="KETTLE").stock
 
 
 def _database_label() -> str:

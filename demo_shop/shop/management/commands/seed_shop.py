@@ -3,7 +3,8 @@ from decimal import Decimal
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
-from demo_shop.shop.models import Product
+from demo_shop.shop.models import Order, Product
+from demo_shop.shop.services import cancel_order
 from stock_locks.stock.reconcile import sync_counters
 
 CATALOGUE = [
@@ -23,12 +24,18 @@ class Command(BaseCommand):
         parser.add_argument("--no-user", action="store_true", help="do not create the demo admin")
 
     def handle(self, *args, no_user: bool, **options):
+        skus = [sku for sku, *_ in CATALOGUE]
+        # Unpaid orders from an earlier run give their stock back (and will not expire later).
+        for order in Order.objects.filter(
+            status=Order.Status.PENDING, lines__sku__in=skus
+        ).distinct():
+            cancel_order(order)
         for sku, name, price, stock in CATALOGUE:
             Product.objects.update_or_create(
                 sku=sku,
                 defaults={"name": name, "price": Decimal(price), "stock": stock, "fence": 0},
             )
-        sync_counters([sku for sku, *_ in CATALOGUE])
+        sync_counters(skus)
         self.stdout.write(f"{len(CATALOGUE)} products ready")
         if not no_user:
             User = get_user_model()
