@@ -105,6 +105,7 @@ STOCK_LOCKS = {
     "STOCK_SKU_FIELD": "sku",
     "STOCK_QUANTITY_FIELD": "stock",
     "DELAY_QUEUE_INTERVAL": float(os.environ.get("DELAY_QUEUE_INTERVAL", 1)),
+    "DECORATOR_TIMEOUT": 5,  # seconds a pay or cancel waits for its order's lock
 }
 
 AUTH_PASSWORD_VALIDATORS = []

@@ -8,7 +8,6 @@ Reservation rows, and the Redis counters.
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from io import StringIO
 
@@ -496,17 +495,16 @@ def test_redis_down_is_503_and_changes_nothing_then_reconcile_repairs_the_drift(
 
 
 @pytest.mark.django_db
-def test_pay_and_cancel_answer_423_while_the_order_lock_is_held(client):
+def test_pay_and_cancel_answer_423_while_the_order_lock_is_held(client, settings):
     make_products(TEA=10)
     placed = order(client, {"TEA": 2}).json()
     order_id = placed["order"]
     name = f"order:{order_id}"
+    settings.STOCK_LOCKS = {**settings.STOCK_LOCKS, "DECORATOR_TIMEOUT": 0.3}
 
-    with Lock(name, ttl=30), ThreadPoolExecutor(2) as pool:
-        # Both wait out the views' 5 s lock timeout side by side. Neither touches
-        # the database before its lock is granted.
-        pending = [pool.submit(action, Client(), order_id) for action in (pay, cancel)]
-        responses = [future.result() for future in pending]
+    with Lock(name, ttl=30):
+        # Each waits out the views' lock timeout; neither touches the database first.
+        responses = [action(Client(), order_id) for action in (pay, cancel)]
     for response in responses:
         assert response.status_code == 423
         assert response["Retry-After"] == "1"

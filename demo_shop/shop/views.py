@@ -108,14 +108,14 @@ def order_detail(request: HttpRequest, order_id: int) -> JsonResponse:
 
 @csrf_exempt
 @require_POST
-@locked("order:{order_id}", timeout=5)
+@locked("order:{order_id}")  # waits STOCK_LOCKS["DECORATOR_TIMEOUT"], then 423
 def pay(request: HttpRequest, order_id: int) -> JsonResponse:
     return _transition(order_id, pay_order)
 
 
 @csrf_exempt
 @require_POST
-@locked("order:{order_id}", timeout=5)
+@locked("order:{order_id}")
 def cancel(request: HttpRequest, order_id: int) -> JsonResponse:
     return _transition(order_id, cancel_order)
 
