@@ -92,13 +92,20 @@ def release_argv(token: str, depth: int) -> tuple:
     return (token, depth, int(settings.WAKE_SIGNAL_TTL * 1000))
 
 
-def _caller_of(frame: FrameType | None) -> str:
+def process_identity() -> tuple[str, str]:
+    """(host, pid) of this process, as holder metadata records it (fresh after fork)."""
+    return _process.host, _process.pid
+
+
+def caller_of(frame: FrameType | None) -> str:
+    """``module.qualname`` of the code running in ``frame``: a holder's "caller"."""
     if frame is None:
         return "?"
     return f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_qualname}"
 
 
-def _seconds_to_ms(seconds: float, what: str, name: str) -> int:
+def seconds_to_ms(seconds: float, what: str, name: str) -> int:
+    """``seconds`` as whole ms (at least 1), or :class:`LockError` unless positive."""
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
         raise LockError(f"{what} must be a positive number of seconds, got {seconds!r}", name=name)
     return max(1, int(seconds * 1000))
@@ -154,7 +161,7 @@ class Lock:
             raise LockError(str(exc), name=name) from None
         self.name = name
         self.ttl = settings.LOCK_TTL if ttl is None else ttl
-        self._ttl_ms = _seconds_to_ms(self.ttl, "ttl", name)
+        self._ttl_ms = seconds_to_ms(self.ttl, "ttl", name)
         if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
             raise LockError(f"timeout must be None or >= 0 seconds, got {timeout!r}", name=name)
         self.timeout = timeout
@@ -162,7 +169,7 @@ class Lock:
         self.reentrant = reentrant
         self.watchdog = watchdog
         self.redis = get_redis() if redis is None else redis
-        self.caller = caller or _caller_of(sys._getframe(1))
+        self.caller = caller or caller_of(sys._getframe(1))
         self.token: str | None = None
         self.fence: int | None = None
         self.lost = False
@@ -287,7 +294,7 @@ class Lock:
         """
         if not self._holds:
             raise LockError(f"cannot extend {self.name!r}: not held by this object", name=self.name)
-        ttl_ms = self._ttl_ms if seconds is None else _seconds_to_ms(seconds, "seconds", self.name)
+        ttl_ms = self._ttl_ms if seconds is None else seconds_to_ms(seconds, "seconds", self.name)
         if not self.do_extend(self.token, ttl_ms):
             self.lost = True
             raise LockNotOwned(f"cannot extend {self.name!r}: no longer held", name=self.name)

@@ -37,6 +37,12 @@ STOCK_RESERVE = load("stock_reserve")
 STOCK_RELEASE = load("stock_release")
 STOCK_COMMIT = load("stock_commit")
 STOCK_SET_COUNTER = load("stock_set_counter")
+SEM_ACQUIRE = load("sem_acquire")
+SEM_RELEASE = load("sem_release")
+SEM_REFRESH = load("sem_refresh")
+SEM_STATE = load("sem_state")
+FAIR_ACQUIRE = load("fair_acquire")
+FAIR_RELEASE = load("fair_release")
 
 
 def run_batch(client: Any, calls: Sequence[tuple[Script, Sequence, Sequence]]) -> list:
