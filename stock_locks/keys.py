@@ -35,16 +35,8 @@ def lock_keys(name: str) -> LockKeys:
 
 
 def lock_scan_pattern() -> str:
-    """SCAN pattern matching every lock key (and its side keys)."""
-    return f"{settings.KEY_PREFIX}:lock:{{*"
-
-
-def lock_name_from_key(key: str) -> str | None:
-    """The lock name inside a lock key, or None for a side key (fence, holder...)."""
-    head = f"{settings.KEY_PREFIX}:lock:{{"
-    if not key.startswith(head) or not key.endswith("}"):
-        return None
-    return key[len(head) : -1]
+    """SCAN pattern matching every lock key (not its side keys)."""
+    return f"{settings.KEY_PREFIX}:lock:{{*}}"
 
 
 class StockKeys:

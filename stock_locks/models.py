@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 
@@ -38,3 +39,48 @@ class Reservation(models.Model):
     @property
     def units(self) -> int:
         return sum(self.lines.values())
+
+
+class Dashboard(models.Model):
+    """No table: carries the dashboard's permissions (like django-rq's admin page).
+
+    ``view_dashboard`` lets staff see the page and its JSON; ``force_release``
+    lets them force-release locks, evict semaphore holders, requeue or discard
+    dead letters and repair stock drift.
+    """
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        permissions = [
+            ("view_dashboard", "Can view the stock_locks dashboard"),
+            ("force_release", "Can force-release locks and act on queues and stock"),
+        ]
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"
+
+    def __str__(self) -> str:
+        return "stock_locks dashboard"
+
+
+class AuditEntry(models.Model):
+    """One operator action taken from the dashboard: who, what, on what, displacing whom."""
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    username = models.CharField(max_length=150)
+    action = models.CharField(max_length=40)
+    target = models.CharField(max_length=300)
+    displaced = models.JSONField(
+        null=True, blank=True, help_text="The holder or item the action displaced, as it was."
+    )
+    outcome = models.CharField(max_length=300)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.username} {self.action} {self.target}"

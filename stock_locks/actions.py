@@ -1,0 +1,122 @@
+"""Operator actions taken from the dashboard. Each is audited, whatever its outcome.
+
+Every action names exactly what it displaces: a lock is force-released only
+if the token the operator confirmed still holds it (compare-and-delete, as
+any release), so a lock that changed hands meanwhile is left alone. A
+force-released holder that wakes up later is refused by fenced writes: the
+next grant's fence is newer than its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import scripts
+from .conf import settings
+from .connection import get_redis
+from .dashboard import lock_holder
+from .delayqueue import DelayQueue
+from .keys import lock_keys, semaphore_keys
+from .locks import RELEASED, release_argv
+from .models import AuditEntry
+from .semaphores import semaphore_state
+
+
+@dataclass
+class Outcome:
+    done: bool
+    message: str
+    displaced: Any = None
+
+
+def force_release_lock(name: str, token: str) -> Outcome:
+    holder = lock_holder(name)
+    if holder is None or holder["token"] != token:
+        return Outcome(
+            False, f"lock {name!r} is no longer held by that holder; nothing released", holder
+        )
+    keys = lock_keys(name)
+    result = scripts.LOCK_RELEASE(
+        (keys.lock, keys.holder, keys.signal), release_argv(token, 1), client=get_redis()
+    )
+    if result != RELEASED:
+        return Outcome(False, f"lock {name!r} changed hands meanwhile; nothing released", holder)
+    return Outcome(True, f"lock {name!r} force-released (fence {holder.get('fence')})", holder)
+
+
+def evict_semaphore_holder(name: str, holder_id: str) -> Outcome:
+    client = get_redis()
+    state = semaphore_state(name, redis=client)
+    holder = next((h for h in state["holders"] if h["identifier"] == holder_id), None)
+    if holder is None:
+        return Outcome(False, f"semaphore {name!r} has no live holder {holder_id!r}")
+    keys = semaphore_keys(name)
+    argv = (holder_id, state["limit"] or 1, int(settings.WAKE_SIGNAL_TTL * 1000))
+    if client.exists(keys.ticket):  # a fair semaphore: wake the head of its queue
+        fair_keys = (keys.holders, keys.meta, keys.queue, keys.alive, keys.ticket, keys.wake_prefix)
+        scripts.FAIR_RELEASE(fair_keys, argv, client=client)
+    else:
+        scripts.SEM_RELEASE((keys.holders, keys.meta, keys.signal), argv, client=client)
+    return Outcome(True, f"semaphore {name!r}: holder {holder_id[:8]} evicted", holder)
+
+
+def requeue_dead_letter(queue: str, item_id: str) -> Outcome:
+    letter = _dead_letter(queue, item_id)
+    if not DelayQueue(queue).requeue(item_id):
+        return Outcome(False, f"{item_id!r} is not a dead letter of {queue!r}", letter)
+    return Outcome(True, f"{item_id!r} requeued in {queue!r}, due now", letter)
+
+
+def discard_dead_letter(queue: str, item_id: str) -> Outcome:
+    letter = _dead_letter(queue, item_id)
+    if letter is None:
+        return Outcome(False, f"{item_id!r} is not a dead letter of {queue!r}")
+    DelayQueue(queue).cancel(item_id)
+    return Outcome(True, f"dead letter {item_id!r} of {queue!r} discarded", letter)
+
+
+def reconcile_stock() -> Outcome:
+    from .stock.reconcile import close_orphan_records, repair_counters, stock_report
+
+    before = [row.as_dict() for row in stock_report() if row.drift]
+    closed = close_orphan_records()
+    fixed = repair_counters([row for row in stock_report() if row.drift])
+    return Outcome(
+        True,
+        f"reconciled: {len(fixed)} counter(s) set from the database, "
+        f"{len(closed)} orphan reservation record(s) closed",
+        {"drifting": before, "orphans": closed},
+    )
+
+
+def _dead_letter(queue: str, item_id: str) -> dict[str, Any] | None:
+    for letter in DelayQueue(queue).dead_letters(limit=10_000):
+        if letter["id"] == item_id:
+            return {**letter, "died_at": letter["died_at"].isoformat()}
+    return None
+
+
+# action name -> (function, the request parameters it takes)
+ACTIONS = {
+    "release_lock": (force_release_lock, ("name", "token")),
+    "evict_holder": (evict_semaphore_holder, ("name", "holder")),
+    "requeue": (requeue_dead_letter, ("queue", "id")),
+    "discard": (discard_dead_letter, ("queue", "id")),
+    "reconcile": (reconcile_stock, ()),
+}
+
+
+def perform(action: str, params: dict[str, str], user: Any) -> Outcome:
+    """Run ``action`` with ``params`` for ``user`` and write its audit row."""
+    func, names = ACTIONS[action]
+    outcome = func(*(params[name] for name in names))
+    AuditEntry.objects.create(
+        user=user if getattr(user, "pk", None) else None,
+        username=getattr(user, "get_username", lambda: "")() or "?",
+        action=action,
+        target=" ".join(params[name] for name in names)[:300] or "all SKUs",
+        displaced=outcome.displaced,
+        outcome=outcome.message[:300],
+    )
+    return outcome

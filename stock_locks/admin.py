@@ -1,0 +1,177 @@
+"""The stock_locks dashboard inside the Django admin, and the audit log.
+
+The dashboard has no table: ``Dashboard`` is an unmanaged model that carries
+its permissions, and its changelist is the dashboard page. URL names:
+``admin:stock_locks_dashboard`` (the page), ``admin:stock_locks_dashboard_json``
+(its JSON snapshot, for the page's refresh and for monitoring) and
+``admin:stock_locks_dashboard_action`` (confirm, then POST, an operator action).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+
+from . import dashboard
+from .actions import ACTIONS, perform
+from .models import AuditEntry, Dashboard
+
+VIEW_PERMISSION = "stock_locks.view_dashboard"
+FORCE_PERMISSION = "stock_locks.force_release"
+REFRESH_SECONDS = 3
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(admin.ModelAdmin):
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(VIEW_PERMISSION)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(VIEW_PERMISSION)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list:
+        wrap = self.admin_site.admin_view
+        return [
+            path("", wrap(self.dashboard_view), name="stock_locks_dashboard"),
+            path("", wrap(self.dashboard_view), name="stock_locks_dashboard_changelist"),
+            path("json/", wrap(self.json_view), name="stock_locks_dashboard_json"),
+            path(
+                "actions/<str:action>/",
+                wrap(self.action_view),
+                name="stock_locks_dashboard_action",
+            ),
+        ]
+
+    # -- views ------------------------------------------------------------------
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        _require(request, VIEW_PERMISSION)
+        search, page = _lock_query(request)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Locks, semaphores, delay queues and stock",
+            "opts": self.model._meta,
+            "snapshot": dashboard.snapshot(search, page),
+            "search": search,
+            "can_force": request.user.has_perm(FORCE_PERMISSION),
+            "json_url": reverse("admin:stock_locks_dashboard_json"),
+            "refresh_seconds": REFRESH_SECONDS,
+            "refresh_ms": REFRESH_SECONDS * 1000,
+        }
+        return TemplateResponse(request, "admin/stock_locks/dashboard.html", context)
+
+    def json_view(self, request: HttpRequest) -> JsonResponse:
+        _require(request, VIEW_PERMISSION)
+        search, page = _lock_query(request)
+        return JsonResponse(dashboard.snapshot(search, page))
+
+    def action_view(self, request: HttpRequest, action: str) -> HttpResponse:
+        """GET: what the action would displace, and a confirm form. POST with
+        confirm=yes (CSRF-checked by the admin): do it, audit it, go back."""
+        _require(request, FORCE_PERMISSION)
+        if action not in ACTIONS:
+            raise Http404(f"no dashboard action {action!r}")
+        source = request.POST if request.method == "POST" else request.GET
+        params = {name: source.get(name, "") for name in ACTIONS[action][1]}
+        if request.method == "POST" and request.POST.get("confirm") == "yes":
+            if not all(params.values()):
+                return HttpResponse("missing parameters", status=400)
+            outcome = perform(action, params, request.user)
+            level = messages.SUCCESS if outcome.done else messages.WARNING
+            self.message_user(request, outcome.message, level)
+            return redirect("admin:stock_locks_dashboard")
+        title, details, params = _describe(action, params)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.model._meta,
+            "action": action,
+            "details": details,
+            "params": params,
+            "ready": details is not None,
+        }
+        return TemplateResponse(request, "admin/stock_locks/confirm.html", context)
+
+
+def _require(request: HttpRequest, permission: str) -> None:
+    if not request.user.has_perm(permission):
+        raise PermissionDenied
+
+
+def _lock_query(request: HttpRequest) -> tuple[str, int]:
+    try:
+        page = max(1, int(request.GET.get("page", 1)))
+    except ValueError:
+        page = 1
+    return request.GET.get("q", "").strip()[:200], page
+
+
+def _describe(action: str, params: dict[str, str]) -> tuple[str, dict | None, dict]:
+    """The confirm page's title, what will be displaced (None: nothing to act on)."""
+    if action == "release_lock":
+        holder = dashboard.lock_holder(params["name"]) if params["name"] else None
+        if holder is not None:
+            params = {**params, "token": holder["token"]}
+            holder = {**holder, "token": holder["token"][: dashboard.TOKEN_SHOWN]}
+        return f"Force-release lock {params['name']!r}?", holder, params
+    if action == "evict_holder":
+        state = dashboard.semaphores()
+        holder = next(
+            (
+                h
+                for s in state
+                if s["name"] == params["name"]
+                for h in s["holders"]
+                if h["identifier"] == params["holder"]
+            ),
+            None,
+        )
+        return f"Evict a holder of semaphore {params['name']!r}?", holder, params
+    if action in ("requeue", "discard"):
+        letter = next(
+            (
+                d
+                for q in dashboard.delay_queues()
+                if q["name"] == params["queue"]
+                for d in q["dead_letters"]
+                if d["id"] == params["id"]
+            ),
+            None,
+        )
+        verb = "Requeue" if action == "requeue" else "Discard"
+        return f"{verb} dead letter {params['id']!r} of queue {params['queue']!r}?", letter, params
+    stock = dashboard.stock()
+    drifting = {row["sku"]: row["drift"] for row in stock["rows"] if row["drift"]}
+    return "Reconcile stock: set Redis from the database?", {"drifting SKUs": drifting}, params
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "username", "action", "target", "outcome")
+    list_filter = ("action",)
+    search_fields = ("username", "target", "outcome")
+    readonly_fields = ("created_at", "user", "username", "action", "target", "displaced", "outcome")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
