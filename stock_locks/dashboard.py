@@ -114,7 +114,11 @@ def semaphores(client: Any = None) -> list[dict[str, Any]]:
     for name in _scan_names(client, semaphore_scan_pattern(), head)[:PAGE_SIZE]:
         state = semaphore_state(name, redis=client)
         holders = [
-            {**holder, "acquired_at": _iso_seconds(holder.get("acquired_at"))}
+            {
+                **holder,
+                "pid": None if holder.get("pid") is None else str(holder["pid"]),
+                "acquired_at": _iso_seconds(holder.get("acquired_at")),
+            }
             for holder in state["holders"]
         ]
         rows.append(
