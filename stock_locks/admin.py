@@ -27,13 +27,8 @@ FORCE_PERMISSION = "stock_locks.force_release"
 REFRESH_SECONDS = 3
 
 
-@admin.register(Dashboard)
-class DashboardAdmin(admin.ModelAdmin):
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(VIEW_PERMISSION)
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm(VIEW_PERMISSION)
+class ReadOnly:
+    """Nothing is added, changed or deleted through this admin."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -43,6 +38,15 @@ class DashboardAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(ReadOnly, admin.ModelAdmin):
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(VIEW_PERMISSION)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(VIEW_PERMISSION)
 
     def get_urls(self) -> list:
         wrap = self.admin_site.admin_view
@@ -161,17 +165,8 @@ def _describe(action: str, params: dict[str, str]) -> tuple[str, dict | None, di
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
+class AuditEntryAdmin(ReadOnly, admin.ModelAdmin):
     list_display = ("created_at", "username", "action", "target", "outcome")
     list_filter = ("action",)
     search_fields = ("username", "target", "outcome")
     readonly_fields = ("created_at", "user", "username", "action", "target", "displaced", "outcome")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

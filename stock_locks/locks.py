@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from redis.exceptions import NoScriptError, RedisError
 
@@ -111,7 +111,42 @@ def seconds_to_ms(seconds: float, what: str, name: str) -> int:
     return max(1, int(seconds * 1000))
 
 
-class Lock:
+class LeaseGuard:
+    """``with`` for anything with a lease (Lock, Semaphore): acquire on entry,
+    :class:`LockTimeout` when not granted; release on exit. A lease lost during
+    the body raises :class:`LockNotOwned` on exit only when the body itself
+    succeeded; otherwise the body's exception wins and the loss is logged."""
+
+    kind = "lock"  # for messages
+    name: str
+    timeout: float | None
+
+    def __enter__(self) -> Self:
+        if self.acquire():
+            return self
+        raise LockTimeout(
+            f"{self.kind} {self.name!r} not granted within {self.timeout}s",
+            name=self.name,
+            timeout=self.timeout,
+        )
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.release()
+        except LockNotOwned:
+            if exc_type is None:
+                raise
+            logging.getLogger(f"stock_locks.{self.kind}.release").warning(
+                "%s %r: lease lost before its holder finished", self.kind, self.name
+            )
+
+
+class Lock(LeaseGuard):
     """A mutual-exclusion lock on ``name``, held in Redis for ``ttl`` seconds at most.
 
     Args:
@@ -311,29 +346,6 @@ class Lock:
         if isinstance(value, bytes):
             value = value.decode()
         return value == self.token
-
-    def __enter__(self) -> Lock:
-        if self.acquire():
-            return self
-        raise LockTimeout(
-            f"lock {self.name!r} not granted within {self.timeout}s",
-            name=self.name,
-            timeout=self.timeout,
-        )
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.release()
-        except LockNotOwned:
-            if exc_type is None:
-                raise
-            # Keep the body's exception; the lost lease is logged, not raised over it.
-            release_log.warning("lock %r was lost before its holder finished", self.name)
 
     # -- the only code that talks to Redis ----------------------------------
 

@@ -53,13 +53,11 @@ from redis.exceptions import RedisError
 from . import scripts
 from .conf import settings
 from .connection import blocking_cap, get_redis
-from .exceptions import LockError, LockNotOwned, LockTimeout
+from .exceptions import LockError, LockNotOwned
 from .keys import SemaphoreKeys, semaphore_keys
-from .locks import MIN_WAIT, caller_of, process_identity, seconds_to_ms
+from .locks import MIN_WAIT, LeaseGuard, caller_of, process_identity, seconds_to_ms
 
 if TYPE_CHECKING:
-    from types import TracebackType
-
     from redis import Redis
 
 acquire_log = logging.getLogger("stock_locks.semaphore.acquire")
@@ -99,7 +97,7 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class Semaphore:
+class Semaphore(LeaseGuard):
     """At most ``limit`` holders of ``name`` at once, each for ``ttl`` seconds at most.
 
     Not fair: a permit goes to whoever tries first once it is free. Use
@@ -125,6 +123,8 @@ class Semaphore:
     permit it already holds. Create one object per thread (it is cheap). As a
     context manager it raises :class:`LockTimeout` when no permit is granted.
     """
+
+    kind = "semaphore"
 
     ticket: int | None = None  # FairSemaphore: this waiter's ticket; always None here
 
@@ -275,29 +275,6 @@ class Semaphore:
         (seconds left of its lease). Holders whose lease has ended are left out.
         """
         return _snapshot(self.redis, self.keys)["holders"]
-
-    def __enter__(self) -> Semaphore:
-        if self.acquire():
-            return self
-        raise LockTimeout(
-            f"semaphore {self.name!r}: no permit within {self.timeout}s",
-            name=self.name,
-            timeout=self.timeout,
-        )
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.release()
-        except LockNotOwned:
-            if exc_type is None:
-                raise
-            # Keep the body's exception; the ended lease is logged, not raised over it.
-            release_log.warning("semaphore %r: lease ended before its holder finished", self.name)
 
     # -- the only code that talks to Redis ----------------------------------
 

@@ -10,12 +10,12 @@ order ref, is what makes reserve, commit and release idempotent.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
-from django.db import models, transaction
+from django.db import IntegrityError, models, transaction
 
 from ..conf import settings
 from ..exceptions import InvalidQuantity, OutOfStock, ReservationError
@@ -147,6 +147,21 @@ class StockStrategy(ABC):
 
     @abstractmethod
     def do_reserve(self, order_ref: str, lines: Cart) -> Reservation: ...
+
+    def reserve_once(self, order_ref: str, lines: Cart, take: Callable[[], None]) -> Reservation:
+        """The database reservation every DB-side strategy makes: ``take()`` the
+        units and insert the row in one transaction, unless the order ref already
+        has one (then that one, nothing moved; a racing duplicate is caught by
+        the unique order ref and rolled back)."""
+        repeat = repeat_of(order_ref, lines)
+        if repeat is not None:
+            return repeat
+        try:
+            with transaction.atomic():
+                take()
+                return new_reservation(order_ref, lines, self.name)
+        except IntegrityError:
+            return existing_reservation(order_ref, lines)
 
     def commit(self, order_ref: str) -> bool:
         """Make the reservation final: its units stay sold.

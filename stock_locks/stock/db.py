@@ -9,39 +9,32 @@ a database transaction and waits on the hot row's lock.
 
 from __future__ import annotations
 
-from django.db import IntegrityError, transaction
-
 from ..exceptions import OutOfStock
 from ..models import Reservation
-from .base import Cart, StockStrategy, existing_reservation, new_reservation, repeat_of, unknown_sku
+from .base import Cart, StockStrategy, unknown_sku
 
 
 class RowLockStrategy(StockStrategy):
     uses_redis = False
 
     def do_reserve(self, order_ref: str, lines: Cart) -> Reservation:
-        repeat = repeat_of(order_ref, lines)
-        if repeat is not None:
-            return repeat
+        return self.reserve_once(order_ref, lines, lambda: self._lock_check_update(lines))
+
+    def _lock_check_update(self, lines: Cart) -> None:
         stock = self.stock
-        try:
-            with transaction.atomic():
-                rows = dict(
-                    stock.objects.select_for_update()
-                    .filter(**{f"{stock.sku}__in": list(lines)})
-                    .order_by("pk")
-                    .values_list(stock.sku, stock.qty)
-                )
-                for sku, qty in lines.items():
-                    if sku not in rows:
-                        raise unknown_sku(sku)
-                    if rows[sku] < qty:
-                        raise OutOfStock(sku, qty, rows[sku])
-                for sku, qty in lines.items():
-                    stock.objects.filter(**{stock.sku: sku}).update(**{stock.qty: rows[sku] - qty})
-                return new_reservation(order_ref, lines, self.name)
-        except IntegrityError:
-            return existing_reservation(order_ref, lines)
+        rows = dict(
+            stock.objects.select_for_update()
+            .filter(**{f"{stock.sku}__in": list(lines)})
+            .order_by("pk")
+            .values_list(stock.sku, stock.qty)
+        )
+        for sku, qty in lines.items():
+            if sku not in rows:
+                raise unknown_sku(sku)
+            if rows[sku] < qty:
+                raise OutOfStock(sku, qty, rows[sku])
+        for sku, qty in lines.items():
+            stock.objects.filter(**{stock.sku: sku}).update(**{stock.qty: rows[sku] - qty})
 
     def available(self, sku: str) -> int:
         return self.stock.level(sku)
@@ -51,15 +44,7 @@ class ConditionalUpdateStrategy(StockStrategy):
     uses_redis = False
 
     def do_reserve(self, order_ref: str, lines: Cart) -> Reservation:
-        repeat = repeat_of(order_ref, lines)
-        if repeat is not None:
-            return repeat
-        try:
-            with transaction.atomic():
-                self.stock.take_conditionally(lines)
-                return new_reservation(order_ref, lines, self.name)
-        except IntegrityError:
-            return existing_reservation(order_ref, lines)
+        return self.reserve_once(order_ref, lines, lambda: self.stock.take_conditionally(lines))
 
     def available(self, sku: str) -> int:
         return self.stock.level(sku)

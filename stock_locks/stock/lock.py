@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from redis.exceptions import RedisError
 
 from ..conf import settings
@@ -27,11 +27,8 @@ from .base import (
     Cart,
     StockStrategy,
     check_order_ref,
-    existing_reservation,
     locked_reservation,
     mark,
-    new_reservation,
-    repeat_of,
     unknown_sku,
 )
 from .counters import REDIS_DOWN
@@ -101,15 +98,8 @@ class LockStrategy(StockStrategy):
             fenced_update_row(self.stock.model, pk, fences[sku], **changes)
 
     def do_reserve(self, order_ref: str, lines: Cart) -> Reservation:
-        repeat = repeat_of(order_ref, lines)
-        if repeat is not None:
-            return repeat
-        try:
-            with self.locked(list(lines)) as fences, transaction.atomic():
-                self.apply(lines, -1, fences)
-                return new_reservation(order_ref, lines, self.name)
-        except IntegrityError:
-            return existing_reservation(order_ref, lines)
+        with self.locked(list(lines)) as fences:
+            return self.reserve_once(order_ref, lines, lambda: self.apply(lines, -1, fences))
 
     def release(self, order_ref: str) -> bool:
         check_order_ref(order_ref)
