@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One-command setup for stock_locks (Debian 12, Python >= 3.11; root or not).
 #
-#   scripts/setup.sh                 venv + deps, redis-server binary, PostgreSQL -> .cache/env.sh
+#   scripts/setup.sh                 venv + deps, redis-server and chromium binaries, PostgreSQL -> .cache/env.sh
 #   scripts/setup.sh --no-services   venv + deps only (enough for lint)
 #
 # Environment:
 #   PYTHON=...             interpreter used to create .venv (default: python3)
 #   DATABASE_URL=...       use this database as is (it must connect); never overridden
 #   STOCK_LOCKS_OWN_PG=1   skip the existing servers and use a throwaway cluster in .cache/pg
+#   STOCK_LOCKS_CHROMIUM=  the Chromium the browser test drives (default: Debian's /usr/bin/chromium)
 #
 # Idempotent: a second run re-installs nothing and reuses the running cluster.
 # It never stops or reconfigures a system PostgreSQL or Redis, and binds only 127.0.0.1.
@@ -32,7 +33,7 @@ die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 is_root() { [[ "$(id -u)" -eq 0 ]]; }
 
 usage() {
-    sed -n '2,13s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+    sed -n '2,14s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 }
 
 # --------------------------------------------------------------------------- apt
@@ -129,6 +130,28 @@ ensure_redis_binary() {
     log "redis-server not found"
     apt_install redis-server
     command -v redis-server >/dev/null 2>&1 || die "redis-server still not on PATH after install"
+}
+
+# --------------------------------------------------------------------------- chromium
+
+CHROMIUM=""   # result of the Chromium step
+
+# The admin dashboard's browser test drives Debian's Chromium through Playwright.
+# Playwright's own browser download (`playwright install`) is never used.
+ensure_chromium() {
+    if [[ -n "${STOCK_LOCKS_CHROMIUM:-}" ]]; then
+        [[ -x "$STOCK_LOCKS_CHROMIUM" ]] \
+            || die "STOCK_LOCKS_CHROMIUM=$STOCK_LOCKS_CHROMIUM is not an executable file" \
+                "(if it came from sourcing .cache/env.sh: unset STOCK_LOCKS_CHROMIUM)"
+        CHROMIUM="$STOCK_LOCKS_CHROMIUM"
+        return 0
+    fi
+    if [[ ! -x /usr/bin/chromium ]]; then
+        log "chromium not found (the admin dashboard's browser test needs it)"
+        apt_install chromium
+        [[ -x /usr/bin/chromium ]] || die "/usr/bin/chromium still missing after installing chromium"
+    fi
+    CHROMIUM=/usr/bin/chromium
 }
 
 # --------------------------------------------------------------------------- postgres helpers (psycopg)
@@ -362,6 +385,7 @@ write_env_file() {
     {
         echo "# Written by scripts/setup.sh; safe to source more than once."
         printf 'export DATABASE_URL=%q\n' "$DB_URL"
+        printf 'export STOCK_LOCKS_CHROMIUM=%q\n' "$CHROMIUM"
     } >"$tmp"
     mv -f "$tmp" "$ENV_FILE"
 }
@@ -394,9 +418,10 @@ main() {
     ensure_deps
     [[ "$services" -eq 1 ]] || { log "venv ready (--no-services)"; return 0; }
     ensure_redis_binary
+    ensure_chromium
     choose_database
     write_env_file
-    log "ready: DATABASE_URL=$DB_URL (source .cache/env.sh)"
+    log "ready: DATABASE_URL=$DB_URL STOCK_LOCKS_CHROMIUM=$CHROMIUM (source .cache/env.sh)"
 }
 
 main "$@"

@@ -15,7 +15,7 @@ from typing import Any
 from . import scripts
 from .conf import settings
 from .connection import get_redis
-from .dashboard import lock_holder
+from .dashboard import TOKEN_SHOWN, lock_holder
 from .delayqueue import DelayQueue
 from .keys import lock_keys, semaphore_keys
 from .locks import RELEASED, release_argv
@@ -41,8 +41,19 @@ def force_release_lock(name: str, token: str) -> Outcome:
         (keys.lock, keys.holder, keys.signal), release_argv(token, 1), client=get_redis()
     )
     if result != RELEASED:
-        return Outcome(False, f"lock {name!r} changed hands meanwhile; nothing released", holder)
-    return Outcome(True, f"lock {name!r} force-released (fence {holder.get('fence')})", holder)
+        return Outcome(
+            False, f"lock {name!r} changed hands meanwhile; nothing released", _shown(holder)
+        )
+    return Outcome(
+        True, f"lock {name!r} force-released (fence {holder.get('fence')})", _shown(holder)
+    )
+
+
+def _shown(holder: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A holder as the audit log keeps it: a token is a release credential, so only its prefix."""
+    if holder is None:
+        return None
+    return {**holder, "token": holder["token"][:TOKEN_SHOWN]}
 
 
 def evict_semaphore_holder(name: str, holder_id: str) -> Outcome:
@@ -115,7 +126,7 @@ def perform(action: str, params: dict[str, str], user: Any) -> Outcome:
         user=user if getattr(user, "pk", None) else None,
         username=getattr(user, "get_username", lambda: "")() or "?",
         action=action,
-        target=" ".join(params[name] for name in names)[:300] or "all SKUs",
+        target=" ".join(params[name] for name in names if name != "token")[:300] or "all SKUs",
         displaced=outcome.displaced,
         outcome=outcome.message[:300],
     )

@@ -68,7 +68,7 @@ class StockKeys:
 
 class SemaphoreKeys(NamedTuple):
     holders: str  # zset: holder id -> lease expiry (ms, Redis clock)
-    meta: str  # hash: "limit" and holder id -> holder metadata (JSON)
+    meta: str  # hash: "limit", "waiting" (until when a refused caller sleeps, ms), id -> JSON
     signal: str  # wake-up list of the plain semaphore
     queue: str  # fair: zset waiter id -> ticket (arrival order)
     alive: str  # fair: zset waiter id -> when its place in the queue lapses (ms)

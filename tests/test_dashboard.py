@@ -102,12 +102,9 @@ def test_force_permission_acts_after_confirmation_and_post_needs_csrf(redis_clie
     assert response.status_code == 302 and response["Location"] == reverse(PAGE)
     assert not held.locked()
     entry = AuditEntry.objects.get()
-    assert (entry.user, entry.action, entry.target) == (
-        operator,
-        "release_lock",
-        f"order:2 {held.token}",
-    )
-    assert entry.displaced["token"] == held.token and entry.displaced["fence"] == str(held.fence)
+    assert (entry.user, entry.action, entry.target) == (operator, "release_lock", "order:2")
+    assert entry.displaced["token"] == held.token[:8]  # a prefix: the token is a credential
+    assert entry.displaced["fence"] == str(held.fence)
     assert "force-released" in entry.outcome
 
 
