@@ -13,7 +13,7 @@ import queue
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from tests.support.redis_servers import RedisServer
@@ -21,6 +21,9 @@ from tests.support.redis_servers import RedisServer
 SETTINGS_MODULE = "demo_shop.settings"
 # Longest a worker waits for the others at a barrier, and default bound on a whole run.
 SYNC_TIMEOUT = 120.0  # seconds
+
+# What a spawned worker inherits from this process's environment.
+ENV_PASSED = ("DJANGO_SETTINGS_MODULE", "REDIS_URL", "DATABASE_URL")
 
 _ctx = multiprocessing.get_context("spawn")
 
@@ -48,29 +51,45 @@ def redis_version(client: Any) -> str:
     return str(client.info("server")["redis_version"])
 
 
-def setup_django(redis_url: str) -> None:
-    """Set Django up with the demo settings, pointing ``REDIS_URL`` at ``redis_url``.
+def setup_django(redis_url: str, database_url: str | None = None) -> None:
+    """Set Django up with the demo settings, pointing ``REDIS_URL`` at ``redis_url`` and,
+    when given, ``DATABASE_URL`` at ``database_url``.
 
-    Safe to call again with another URL (a later benchmark's server): the
-    default cache is then repointed and its client dropped.
+    Safe to call again with other URLs (a later benchmark's server or database):
+    the default cache is then repointed and its client dropped, and the default
+    database connection closed and reconfigured.
     """
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
     previous = os.environ.get("REDIS_URL")
     os.environ["REDIS_URL"] = redis_url
+    previous_db = os.environ.get("DATABASE_URL")
+    if database_url:
+        os.environ["DATABASE_URL"] = database_url
     import django
     from django.apps import apps
 
     if not apps.ready:
         django.setup()
         return
+    from django.conf import settings
+
     if previous != redis_url:
-        from django.conf import settings
         from django.core.cache import caches
 
         settings.REDIS_URL = redis_url
         settings.CACHES["default"]["LOCATION"] = redis_url
         caches["default"].close()
         del caches["default"]
+    if database_url and previous_db != database_url:
+        import dj_database_url
+        from django.db import connections
+
+        connections.close_all()
+        settings.DATABASES["default"] = dj_database_url.parse(database_url, conn_max_age=60)
+        connections.__dict__.pop("settings", None)  # a cached_property: read again
+        for alias in list(connections):
+            with suppress(AttributeError):
+                delattr(connections._connections, alias)
 
 
 # -- worker processes ---------------------------------------------------------
@@ -105,14 +124,15 @@ def run_workers(
     func: Callable[..., Any], n: int, *args: Any, timeout: float = SYNC_TIMEOUT * 5
 ) -> list[Any]:
     """Run ``func(team, *args)`` in ``n`` spawned processes with Django set up (same
-    settings and ``REDIS_URL`` as this process); return their results in index order.
+    settings, ``REDIS_URL`` and ``DATABASE_URL`` as this process); return their results
+    in index order.
 
     ``func`` must be importable (module level). All workers pass a barrier after
     set-up, so their first instruction runs at the same time. A worker that raises
     breaks the barrier for the others and the call raises RuntimeError with its
     traceback.
     """
-    env = {k: os.environ[k] for k in ("DJANGO_SETTINGS_MODULE", "REDIS_URL") if k in os.environ}
+    env = {k: os.environ[k] for k in ENV_PASSED if k in os.environ}
     barrier = _ctx.Barrier(n)
     results = _ctx.Queue()
     procs = [

@@ -1,0 +1,973 @@
+"""Delay queue: drain throughput of one drainer, and lateness of the two runners.
+
+1. Drain throughput, one drainer, one connection, N items already due (seeded
+   by a pipeline straight into the queue's keys: ZADD due + HSET items, the
+   layout ``delay_schedule.lua`` writes), a trivial handler registered in this
+   process. Contenders: ``DelayQueue.drain()`` at several batch sizes (batched
+   atomic claims by ``delay_claim.lua``, one batched ack by ``delay_ack.lua``);
+   ``claim()`` + ``ack()`` alone (no handler dispatch); the two scripts by raw
+   EVALSHA (no JSON decoding, no ``Item``: the floor of this design); and the
+   naive loop (ZRANGEBYSCORE 0 now LIMIT 0 1, ZREM as ownership, HGET, handler,
+   HDEL: four round trips per item) on fewer items. Every run is checked: each
+   item handled exactly once, the queue's keys empty afterwards. Contenders run
+   in interleaved rounds, order rotated, on a FLUSHALLed private redis-server.
+2. Lateness (handled minus due) of items scheduled over a few seconds with
+   random delays, drained by (a) a real Celery worker + beat (the shipped
+   ``stock_locks.drain_delay_queue`` every ``DELAY_QUEUE_INTERVAL`` = 1 s) and
+   (b) ``manage.py run_delay_queue`` (wakes at the next due time, or when an
+   earlier item is scheduled). Both run the whole time, as subprocesses with
+   ``DJANGO_SETTINGS_MODULE=benchmarks.dq_settings`` (the demo settings plus the
+   handler ``bench.record`` of ``benchmarks/dq_handlers.py``), on the private
+   Redis (also the Celery broker) and their own PostgreSQL database; they drain
+   different queues, and the workloads alternate between them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+
+import redis
+
+from . import support
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/stock_locks_bench_dq"
+CHILD_SETTINGS = "benchmarks.dq_settings"
+
+NOOP_TASK = "bench.noop"  # the trivial handler of part 1, registered in this process
+DRAIN_QUEUE = "bench_drain"  # part 1's queue
+BEAT_QUEUE = "default"  # what the Celery task drains (STOCK_LOCKS["DELAY_QUEUES"])
+RUNNER_QUEUE = "bench_runner"  # what run_delay_queue drains
+DEFAULT_BATCH = 500  # STOCK_LOCKS["DELAY_QUEUE_BATCH"]
+SEED_CHUNK = 5000  # items per ZADD/HSET when seeding
+TARGET_RATE = 20_000  # items/s drained by one drainer
+TARGET_P99_MS = 50.0  # run_delay_queue lateness p99
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks delay_queue", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    parser.add_argument("--items", type=int, help="items per drain run (50,000; quick 5,000)")
+    parser.add_argument(
+        "--naive-items", type=int, help="items per naive-loop run (min(items, 10,000); quick 1,000)"
+    )
+    parser.add_argument("--rounds", type=int, help="interleaved drain rounds (3; quick 1)")
+    parser.add_argument(
+        "--batches", default="10,100,500,1000", help="drain() batch sizes (10,100,500,1000)"
+    )
+    parser.add_argument(
+        "--lateness-items", type=int, help="items per lateness workload (200; quick 40)"
+    )
+    parser.add_argument(
+        "--spread", type=float, help="seconds over which those items fall due (10; quick 3)"
+    )
+    parser.add_argument(
+        "--lateness-rounds", type=int, help="workloads per runner, alternated (2; quick 1)"
+    )
+    parser.add_argument(
+        "--parts", default="drain,lateness", help="which parts to run (drain,lateness)"
+    )
+    parser.add_argument(
+        "--database-url", default=DEFAULT_DATABASE_URL, help="PostgreSQL for the subprocesses"
+    )
+    args = parser.parse_args(argv)
+    args.items = args.items or (5_000 if args.quick else 50_000)
+    args.naive_items = args.naive_items or min(args.items, 1_000 if args.quick else 10_000)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    args.lateness_items = args.lateness_items or (40 if args.quick else 200)
+    args.spread = args.spread or (3.0 if args.quick else 10.0)
+    args.lateness_rounds = args.lateness_rounds or (1 if args.quick else 2)
+    args.parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    return args
+
+
+# -- part 1: drain throughput ------------------------------------------------------
+
+SEEN = bytearray()  # handled count per item number, reset before every run
+
+
+def noop(payload: int) -> None:
+    SEEN[payload] += 1
+
+
+class CountingConnection(redis.Connection):
+    """Counts replies read: client round trips, as nothing here pipelines while timed."""
+
+    replies = 0
+
+    def read_response(self, *args, **kwargs):
+        CountingConnection.replies += 1
+        return super().read_response(*args, **kwargs)
+
+
+def seed(client: redis.Redis, keys, n: int) -> None:
+    """N items of ``bench.noop``, payloads 0..n-1, all due in the past, in distinct order."""
+    seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    pipe = client.pipeline(transaction=False)
+    for start in range(0, n, SEED_CHUNK):
+        chunk = range(start, min(n, start + SEED_CHUNK))
+        pipe.zadd(keys.due, {f"i{i}": now_ms - n + i for i in chunk})
+        pipe.hset(
+            keys.items, mapping={f"i{i}": f'{{"task":"{NOOP_TASK}","payload":{i}}}' for i in chunk}
+        )
+    pipe.execute()
+
+
+def run_drain(queue, batch: int) -> int:
+    result = queue.drain(limit=batch, max_batches=10**9)
+    if result.failed or result.dead or result.dispatched:
+        raise RuntimeError(f"drain: unexpected outcome {result}")
+    return result.handled
+
+
+def run_claim_ack(queue, batch: int) -> int:
+    done = 0
+    while True:
+        items = queue.claim(batch)
+        if not items:
+            return done
+        for item in items:
+            SEEN[item.payload] += 1  # the bookkeeping of the check, not a dispatch
+        done += queue.ack(*[item.id for item in items])
+
+
+def run_raw_scripts(queue, batch: int) -> int:
+    from stock_locks import scripts
+
+    k = queue.keys
+    claim_keys = (k.due, k.items, k.attempts, k.errors, k.inflight, k.dead)
+    ack_keys = (k.inflight, k.items, k.attempts, k.errors)
+    argv = (batch, 30_000, 5)
+    client = queue.redis
+    done = 0
+    while True:
+        flat = scripts.DELAY_CLAIM(claim_keys, argv, client=client)
+        if not flat:
+            return done
+        done += scripts.DELAY_ACK(ack_keys, flat[0::3], client=client)
+
+
+def run_naive(queue, batch: int) -> int:
+    """One item per iteration, four round trips, as the seeds do it."""
+    from stock_locks.delayqueue import HANDLERS
+
+    client, due, items = queue.redis, queue.keys.due, queue.keys.items
+    done = 0
+    while True:
+        now_ms = int(time.time() * 1000)
+        ids = client.zrangebyscore(due, 0, now_ms, start=0, num=1)
+        if not ids:
+            return done
+        if client.zrem(due, ids[0]) != 1:
+            continue  # another drainer took it
+        body = client.hget(items, ids[0])
+        item = json.loads(body)
+        HANDLERS[item["task"]](item["payload"])
+        client.hdel(items, ids[0])
+        done += 1
+
+
+# Suggested fixes, measured here and NOT shipped in stock_locks; same replies and the
+# same observable behaviour (Item.attempts, fail/bury outcomes, dead letters' counts).
+# A: the two hot scripts with variadic commands (a handful of redis.call per batch instead
+#    of 4 per item each). ZMSCORE needs Redis >= 6.2. Arguments go in chunks, because
+#    unpack() of more than ~8000 values fails in Redis' Lua.
+# B: A, and a first delivery writes no count to the attempts hash (absent = 1 while in
+#    flight; the count is written on redelivery, lapse and fail). The attempts hash is
+#    then not created and emptied by every batch: with Redis' compiled-in default
+#    hash-max-listpack-entries 512 (no config file, e.g. the official Docker image) a
+#    batch of 500 keeps it a listpack, so each shipped HINCRBY scans it. B needs the same
+#    "or 1" + write-back in delay_fail.lua (see the report), not exercised by drain().
+PROPOSED_CLAIM_TEMPLATE = """
+local CHUNK = 1000
+local LOST = 'not acknowledged before its visibility timeout (drainer lost?)'
+local function call_chunked(cmd, key, list)
+  for i = 1, #list, CHUNK do
+    redis.call(cmd, key, unpack(list, i, math.min(i + CHUNK - 1, #list)))
+  end
+end
+local function hmget(key, ids)
+  local out = {}
+  for i = 1, #ids, CHUNK do
+    for _, v in ipairs(redis.call('HMGET', key, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))) do
+      out[#out + 1] = v
+    end
+  end
+  return out
+end
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local limit = tonumber(ARGV[1])
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, limit)
+for _, id in ipairs(lapsed) do  -- the rare path: one item at a time
+  redis.call('ZREM', KEYS[5], id)
+  local n = tonumber(redis.call('HGET', KEYS[3], id) or FIRST)
+  WRITE_LAPSED
+  if n >= tonumber(ARGV[3]) then
+    if redis.call('HEXISTS', KEYS[4], id) == 0 then
+      redis.call('HSET', KEYS[4], id, LOST)
+    end
+    redis.call('ZADD', KEYS[6], now, id)
+  else
+    redis.call('ZADD', KEYS[1], now, id)
+  end
+end
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
+if #ids == 0 then
+  return {}
+end
+call_chunked('ZREM', KEYS[1], ids)
+local bodies = hmget(KEYS[2], ids)
+local counts = hmget(KEYS[3], ids)
+local deadline = now + tonumber(ARGV[2])
+local claimed, flight, counted = {}, {}, {}
+for i, id in ipairs(ids) do
+  if bodies[i] then
+    local n = (tonumber(counts[i]) or 0) + 1
+    flight[#flight + 1] = deadline
+    flight[#flight + 1] = id
+    if n > SKIP_BELOW then
+      counted[#counted + 1] = id
+      counted[#counted + 1] = n
+    end
+    claimed[#claimed + 1] = id
+    claimed[#claimed + 1] = bodies[i]
+    claimed[#claimed + 1] = n
+  end
+end
+call_chunked('ZADD', KEYS[5], flight)
+call_chunked('HSET', KEYS[3], counted)
+return claimed
+"""
+PROPOSED_CLAIM_A = (
+    PROPOSED_CLAIM_TEMPLATE.replace("FIRST", "0")
+    .replace("WRITE_LAPSED", "-- (the count is there)")
+    .replace("SKIP_BELOW", "0")
+    .encode()
+)
+PROPOSED_CLAIM_B = (
+    PROPOSED_CLAIM_TEMPLATE.replace("FIRST", "1")
+    .replace("WRITE_LAPSED", "redis.call('HSET', KEYS[3], id, n)")
+    .replace("SKIP_BELOW", "1")
+    .encode()
+)
+PROPOSED_ACK = b"""
+local CHUNK = 1000
+local acked = 0
+for i = 1, #ARGV, CHUNK do
+  local part = {unpack(ARGV, i, math.min(i + CHUNK - 1, #ARGV))}
+  local scores = redis.call('ZMSCORE', KEYS[1], unpack(part))
+  local ids = {}
+  for j, id in ipairs(part) do
+    if scores[j] then
+      ids[#ids + 1] = id
+    end
+  end
+  if #ids > 0 then
+    acked = acked + redis.call('ZREM', KEYS[1], unpack(ids))
+    redis.call('HDEL', KEYS[2], unpack(ids))
+    redis.call('HDEL', KEYS[3], unpack(ids))
+    redis.call('HDEL', KEYS[4], unpack(ids))
+  end
+end
+return acked
+"""
+
+
+def run_drain_proposed(queue, batch: int, claim_source: bytes) -> int:
+    """``drain()`` unchanged, with a proposed claim script and ack script swapped in."""
+    from redis.commands.core import Script
+
+    from stock_locks import scripts
+
+    originals = scripts.DELAY_CLAIM, scripts.DELAY_ACK
+    scripts.DELAY_CLAIM = Script(None, claim_source)
+    scripts.DELAY_ACK = Script(None, PROPOSED_ACK)
+    try:
+        return run_drain(queue, batch)
+    finally:
+        scripts.DELAY_CLAIM, scripts.DELAY_ACK = originals
+
+
+def run_drain_proposed_a(queue, batch: int) -> int:
+    return run_drain_proposed(queue, batch, PROPOSED_CLAIM_A)
+
+
+def run_drain_proposed_b(queue, batch: int) -> int:
+    return run_drain_proposed(queue, batch, PROPOSED_CLAIM_B)
+
+
+def run_drain_small_listpacks(queue, batch: int) -> int:
+    """``drain()`` with the server's hashes turned into hash tables past 128 fields (the
+    value redis.conf ships with) instead of the compiled-in default, 512."""
+    old = queue.redis.config_get("hash-max-listpack-entries")["hash-max-listpack-entries"]
+    queue.redis.config_set("hash-max-listpack-entries", 128)
+    try:
+        return run_drain(queue, batch)
+    finally:
+        queue.redis.config_set("hash-max-listpack-entries", old)
+
+
+def contenders(args) -> dict[str, tuple[Callable, int, str]]:
+    """label -> (function, batch, kind); kind 'handler': the handler's counts are checked."""
+    out = {}
+    for b in args.batches:
+        label = f"drain(), batch {b}" + (" (default)" if b == DEFAULT_BATCH else "")
+        out[label] = (run_drain, b, "handler")
+    out[f"claim()+ack() only, batch {DEFAULT_BATCH}"] = (run_claim_ack, DEFAULT_BATCH, "handler")
+    out[f"raw EVALSHA claim+ack, batch {DEFAULT_BATCH}"] = (run_raw_scripts, DEFAULT_BATCH, "raw")
+    for letter, func, what in (
+        ("A", run_drain_proposed_a, "variadic Lua"),
+        ("B", run_drain_proposed_b, "A + no count on 1st delivery"),
+    ):
+        out[f"drain(), batch {DEFAULT_BATCH}, PROPOSED {letter}: {what}"] = (
+            func,
+            DEFAULT_BATCH,
+            "handler",
+        )
+    out[f"drain(), batch {DEFAULT_BATCH}, hash-max-listpack-entries 128"] = (
+        run_drain_small_listpacks,
+        DEFAULT_BATCH,
+        "handler",
+    )
+    out["naive loop, 1 item / 4 round trips"] = (run_naive, 1, "handler")
+    return out
+
+
+def server_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return info["used_cpu_user"] + info["used_cpu_sys"]
+
+
+def one_run(server, client, admin, queue, func, batch, kind, n) -> dict:
+    """Flush, seed n items, drain them with ``func`` (timed), check, return the numbers."""
+    global SEEN
+    admin.flushall()
+    seed(admin, queue.keys, n)
+    SEEN = bytearray(n)
+    admin.config_resetstat()
+    cpu_before = server_cpu(admin)
+    CountingConnection.replies = 0
+    client_cpu = time.process_time()
+    start = time.perf_counter()
+    done = func(queue, batch)
+    elapsed = time.perf_counter() - start
+    client_cpu = time.process_time() - client_cpu
+    trips = CountingConnection.replies
+    server_used = server_cpu(admin) - cpu_before
+    stats = admin.info("commandstats")
+    commands = sum(
+        v["calls"]
+        for name, v in stats.items()
+        if name.removeprefix("cmdstat_").split("|")[0] not in ("config", "info")
+    )
+    server_by_name = {
+        name.removeprefix("cmdstat_"): v["usec"] / n
+        for name, v in stats.items()
+        if name.removeprefix("cmdstat_").split("|")[0] not in ("config", "info", "hello")
+    }
+    leftover = sum(admin.exists(key) for key in queue.keys[:6])  # due..dead
+    if kind == "handler":
+        counts = Counter(SEEN)
+        exactly_once = counts.get(1, 0) == n and done == n
+        detail = ", ".join(f"{c}x: {m}" for c, m in sorted(counts.items()) if c != 1)
+    else:
+        exactly_once = done == n
+        detail = f"acked {done}"
+    ok = exactly_once and leftover == 0
+    return {
+        "rate": done / elapsed,
+        "ok": ok,
+        "problem": "" if ok else f"handled {done}/{n}; {detail}; {leftover} queue keys left",
+        "trips": trips / n,
+        "commands": commands / n,
+        "client_us": client_cpu / n * 1e6,
+        "server_us": server_used / n * 1e6,
+        "usec_by_name": server_by_name,
+    }
+
+
+def timed_drain(admin, queue, n: int) -> dict[str, float]:
+    """One drain(batch 500) of ``n`` items with timing wrappers around claim(), the claim
+    script, _handle(), ack() and the ack script (restored after): seconds spent in each."""
+    global SEEN
+    from stock_locks import scripts
+
+    admin.flushall()
+    seed(admin, queue.keys, n)
+    SEEN = bytearray(n)
+    spent: Counter = Counter()
+
+    def timed(name, func):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return func(*a, **kw)
+            finally:
+                spent[name] += time.perf_counter() - t0
+
+        return wrapper
+
+    originals = (scripts.DELAY_CLAIM, scripts.DELAY_ACK)
+    queue.claim = timed("claim", queue.claim)
+    queue.ack = timed("ack", queue.ack)
+    queue._handle = timed("handle", queue._handle)
+    scripts.DELAY_CLAIM = timed("claim script", originals[0])
+    scripts.DELAY_ACK = timed("ack script", originals[1])
+    try:
+        start = time.perf_counter()
+        handled = queue.drain(limit=DEFAULT_BATCH, max_batches=10**9).handled
+        spent["total"] = time.perf_counter() - start
+    finally:
+        scripts.DELAY_CLAIM, scripts.DELAY_ACK = originals
+        for name in ("claim", "ack", "_handle"):
+            del queue.__dict__[name]
+    if handled != n:
+        raise RuntimeError(f"breakdown: handled {handled} of {n}")
+    admin.flushall()
+    return spent
+
+
+def breakdown(admin, queue, n: int, repeats: int, by_name: dict[str, list[dict]]) -> list[str]:
+    """Where drain(batch 500) spends its wall time per item (median of ``repeats`` runs with
+    timing wrappers), and Redis' own time per item by command (from the measured rounds)."""
+    runs = [timed_drain(admin, queue, n) for _ in range(repeats)]
+
+    def us(pick) -> float:
+        return support.median([pick(run) for run in runs]) / n * 1e6
+
+    parts = [
+        ("claim(): EVALSHA delay_claim (send, Lua, read reply)", lambda r: r["claim script"]),
+        ("claim(): Python (JSON decode, an Item per item)",
+         lambda r: r["claim"] - r["claim script"]),
+        ("_handle() per item (lookup, call, count)", lambda r: r["handle"]),
+        ("ack(): EVALSHA delay_ack", lambda r: r["ack script"]),
+        ("ack(): Python", lambda r: r["ack"] - r["ack script"]),
+        ("drain() loop itself + the wrappers",
+         lambda r: r["total"] - r["claim"] - r["handle"] - r["ack"]),
+    ]  # fmt: skip
+    total = us(lambda r: r["total"])
+    lines = [
+        f"Where drain(batch {DEFAULT_BATCH}) spends its wall time, per item: median of "
+        f"{repeats} extra run(s) of {n:,} items with timing wrappers on "
+        f"({1e6 / total:,.0f} items/s with them):",
+    ]
+    for label, pick in parts:
+        value = us(pick)
+        lines.append(f"  {label:<55} {value:6.2f} us  {value / total:6.1%}")
+    lines += [
+        "",
+        "Redis' own time per item by command (INFO commandstats usec / items, median of the "
+        "measured rounds; evalsha includes the commands its script runs, listed after it):",
+    ]
+    for label, runs_of in by_name.items():
+        names = sorted({name for run in runs_of for name in run})
+        values = {name: support.median([run.get(name, 0.0) for run in runs_of]) for name in names}
+        inner = ", ".join(
+            f"{name} {value:.2f}"
+            for name, value in sorted(values.items(), key=lambda kv: -kv[1])
+            if name != "evalsha" and value >= 0.005
+        )
+        lines.append(f"  {label}: evalsha {values.get('evalsha', 0.0):.2f} us = {inner}")
+    return lines
+
+
+def drain_part(server, args) -> tuple[list[str], dict]:
+    from stock_locks.delayqueue import DelayQueue, handler
+
+    handler(NOOP_TASK)(noop)
+    pool = redis.ConnectionPool(
+        host="127.0.0.1", port=server.port, connection_class=CountingConnection
+    )
+    client = redis.Redis(connection_pool=pool)
+    admin = server.client()
+    queue = DelayQueue(DRAIN_QUEUE, redis=client)
+    runs = contenders(args)
+    labels = list(runs)
+    naive_label = labels[-1]
+
+    def size(label: str) -> int:
+        return args.naive_items if label == naive_label else args.items
+
+    support.progress("drain: warm-up")
+    for label in labels:
+        func, batch, kind = runs[label]
+        one_run(server, client, admin, queue, func, batch, kind, min(1000, size(label)))
+    results: dict[str, list[dict]] = {label: [] for label in labels}
+    for r in range(args.rounds):
+        support.progress(f"drain: round {r + 1}/{args.rounds}")
+        for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
+            func, batch, kind = runs[label]
+            results[label].append(
+                one_run(server, client, admin, queue, func, batch, kind, size(label))
+            )
+    default_label = next(label for label in labels if "(default)" in label)
+    proposed = [label for label in labels if "PROPOSED" in label]
+    listpack_label = next(label for label in labels if "listpack" in label)
+    support.progress("drain: breakdown")
+    by_name = {
+        label: [x["usec_by_name"] for x in results[label]]
+        for label in labels
+        if label == default_label or "PROPOSED" in label or "listpack" in label
+    }
+    parts = breakdown(admin, queue, args.items, args.rounds, by_name)
+    client.close()
+    admin.close()
+
+    def same_round(label: str, other: str) -> float:
+        return support.median(
+            [a["rate"] / b["rate"] for a, b in zip(results[label], results[other], strict=True)]
+        )
+
+    rows = []
+    for label in labels:
+        runs_of = results[label]
+        rates = [x["rate"] for x in runs_of]
+        rows.append(
+            [
+                label,
+                f"{size(label):,}",
+                f"{support.median(rates):,.0f}",
+                f"{min(rates):,.0f}-{max(rates):,.0f}",
+                f"{1e6 / support.median(rates):.1f}",
+                f"{same_round(label, naive_label):.1f}x",
+                f"{support.median([x['trips'] for x in runs_of]):.3f}",
+                f"{support.median([x['commands'] for x in runs_of]):.2f}",
+                f"{support.median([x['client_us'] for x in runs_of]):.1f}",
+                f"{support.median([x['server_us'] for x in runs_of]):.1f}",
+                "yes" if all(x["ok"] for x in runs_of) else "NO",
+            ]
+        )
+    lines = [
+        f"1. Drain throughput of ONE drainer (one connection, items already due, trivial "
+        f"handler in-process): {args.rounds} interleaved round(s), order rotated, FLUSHALL + "
+        "pipelined seeding before each run (not timed); items/s is the median of rounds",
+        "",
+        support.table(
+            [
+                "contender",
+                "items",
+                "items/s",
+                "rounds min-max",
+                "us/item",
+                "vs naive*",
+                "round trips/item",
+                "server cmds/item",
+                "client CPU us/item",
+                "server CPU us/item",
+                "exactly once, queue empty",
+            ],
+            rows,
+        ),
+        "",
+        "* median over rounds of (this contender's items/s / the naive loop's in the same "
+        "round). Round trips: replies read by the drainer's connection; server commands: "
+        "INFO commandstats calls (commands run inside Lua count too; a variadic command counts "
+        "once); CPU: process_time() and "
+        "the server's INFO cpu.",
+    ]
+    problems = [
+        f"  {label}, round {i + 1}: {x['problem']}"
+        for label in labels
+        for i, x in enumerate(results[label])
+        if not x["ok"]
+    ]
+    if problems:
+        lines += ["", "Check FAILED:", *problems]
+    lines += ["", *parts]
+    rate = support.median([x["rate"] for x in results[default_label]])
+    lines += [
+        "",
+        f"Proposed scripts / shipped ones, drain(batch {DEFAULT_BATCH}), median of same-round "
+        "ratios: "
+        + ", ".join(
+            f"{label[label.index('PROPOSED') :]} {same_round(label, default_label):.2f}x"
+            for label in proposed
+        ),
+        f"Shipped scripts on a server with hash-max-listpack-entries 128 / 512 (this server's "
+        f"default), same-round ratio: {same_round(listpack_label, default_label):.2f}x items/s",
+    ]
+    summary = {
+        "rate": rate,
+        "label": default_label,
+        "vs_naive": same_round(default_label, naive_label),
+        "ok": not problems,
+    }
+    return lines, summary
+
+
+# -- part 2: lateness ------------------------------------------------------------------
+
+
+def ensure_database(url: str) -> bool:
+    """Create the PostgreSQL database of ``url`` when it is missing; True when created."""
+    import dj_database_url
+    import psycopg
+    from psycopg import sql
+
+    config = dj_database_url.parse(url)
+    if "postgresql" not in config["ENGINE"]:
+        return False
+    params = {
+        "host": config.get("HOST") or None,
+        "port": config.get("PORT") or None,
+        "user": config.get("USER") or None,
+        "password": config.get("PASSWORD") or None,
+    }
+    params = {key: value for key, value in params.items() if value is not None}
+    with psycopg.connect(dbname="postgres", autocommit=True, connect_timeout=10, **params) as conn:
+        name = config["NAME"]
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            return False
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return True
+
+
+class Child:
+    """A subprocess logging to a file; ``start()`` waits for a marker line in the log."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str], marker: str) -> None:
+        self.name, self.command, self.env, self.marker = name, command, env, marker
+        self.dir = tempfile.mkdtemp(prefix=f"sl-bench-dq-{name}-")
+        self.log = Path(self.dir) / "log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60.0) -> Child:
+        command = [part.replace("{dir}", self.dir) for part in self.command]
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + timeout
+        while self.marker not in self.output():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not start:\n{self.output()[-3000:]}")
+            time.sleep(0.05)
+        return self
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def child_env(server, db_url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE=CHILD_SETTINGS,
+        REDIS_URL=server.url,
+        CELERY_BROKER_URL=server.url,
+        DATABASE_URL=db_url,
+        DELAY_QUEUE_INTERVAL="1",
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def children(server, db_url: str) -> dict[str, Child]:
+    env = child_env(server, db_url)
+    celery = [sys.executable, "-m", "celery", "-A", "demo_shop"]
+    return {
+        "worker": Child(
+            "worker",
+            celery
+            + [
+                "worker",
+                "--pool=solo",
+                "--loglevel=INFO",
+                "--hostname=bench-dq@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            env,
+            "ready.",
+        ),  # fmt: skip
+        "beat": Child(
+            "beat",
+            celery + ["beat", "--loglevel=INFO", "--schedule={dir}/beat-schedule"],
+            env,
+            "beat: Starting...",
+        ),
+        "runner": Child(
+            "runner",
+            [sys.executable, "manage.py", "run_delay_queue", "--queue", RUNNER_QUEUE],
+            env,
+            "draining delay queue",
+        ),
+    }
+
+
+def lateness_workload(client, queue, n: int, spread: float, key: str, rng: random.Random) -> dict:
+    """Schedule ``n`` items of ``bench.record`` over the first half of ``spread`` seconds,
+    each due a random 0.05..spread/2 s later (so due times cover ~spread seconds and a new
+    item is often due before those already waiting); wait until each is recorded; return
+    lateness in ms and the exactly-once check."""
+    from .dq_handlers import RECORD_TASK
+
+    half = spread / 2
+    at = sorted(rng.uniform(0, half) for _ in range(n))
+    delays = [rng.uniform(0.05, half) for _ in range(n)]
+    client.delete(key)
+    start = time.monotonic()
+    for i, (t, delay) in enumerate(zip(at, delays, strict=True)):
+        pause = start + t - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        seconds, micros = client.time()
+        due_ms = seconds * 1000 + micros // 1000 + int(delay * 1000)
+        eta = datetime.fromtimestamp(due_ms / 1000, UTC)
+        queue.schedule(RECORD_TASK, {"n": i, "due": due_ms, "key": key}, eta=eta, id=f"{key}:{i}")
+    deadline = time.monotonic() + half + 30
+    while client.llen(key) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # a late duplicate would show up now
+    while queue.stats()["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    records = [line.decode().split() for line in client.lrange(key, 0, -1)]
+    late = [float(handled) - int(due) for _, due, handled in records]
+    numbers = Counter(int(number) for number, _, _ in records)
+    stats = queue.stats()
+    ok = (
+        len(numbers) == n
+        and all(count == 1 for count in numbers.values())
+        and not stats["scheduled"]
+        and not stats["in_flight"]
+        and not stats["dead"]
+    )
+    problem = (
+        ""
+        if ok
+        else f"recorded {len(records)} ({len(numbers)} distinct) of {n}; queue left: "
+        f"{stats['scheduled']} scheduled, {stats['in_flight']} in flight, {stats['dead']} dead"
+    )
+    return {"late": late, "ok": ok, "problem": problem}
+
+
+def lateness_part(server, args, db_url: str) -> tuple[list[str], dict]:
+    from stock_locks.delayqueue import DelayQueue
+
+    client = server.client()
+    queues = {"beat": DelayQueue(BEAT_QUEUE, redis=client),
+              "runner": DelayQueue(RUNNER_QUEUE, redis=client)}  # fmt: skip
+    labels = {
+        "beat": "Celery beat + worker (drain_delay_queue every 1 s)",
+        "runner": "manage.py run_delay_queue",
+    }
+    client.flushall()
+    procs = children(server, db_url)
+    results: dict[str, list[dict]] = {"beat": [], "runner": []}
+    try:
+        for name, proc in procs.items():
+            support.progress(f"lateness: starting {name}")
+            proc.start()
+        time.sleep(1.5)  # let beat's first tick and the runner's first wait pass
+        rng = random.Random(20240611)
+        order = ["beat", "runner"]
+        for r in range(args.lateness_rounds):
+            for who in order[r % 2 :] + order[: r % 2]:
+                support.progress(
+                    f"lateness: round {r + 1}/{args.lateness_rounds}, {who}: "
+                    f"{args.lateness_items} items over ~{args.spread:g} s"
+                )
+                for name, proc in procs.items():
+                    if not proc.alive():
+                        raise RuntimeError(f"{name} died:\n{proc.output()[-3000:]}")
+                results[who].append(
+                    lateness_workload(
+                        client, queues[who], args.lateness_items, args.spread,
+                        f"bench:dq:record:{who}:{r}", rng,
+                    )
+                )  # fmt: skip
+    finally:
+        for proc in procs.values():
+            proc.cleanup()
+        client.flushall()
+        client.close()
+
+    rows = []
+    pooled = {}
+    for who in ("beat", "runner"):
+        late = [x for run in results[who] for x in run["late"]]
+        pooled[who] = late
+        per_round = ", ".join(
+            f"{support.percentile(run['late'], 50):.0f}/{support.percentile(run['late'], 99):.0f}"
+            for run in results[who]
+        )
+        rows.append(
+            [
+                labels[who],
+                f"{len(late)}",
+                f"{min(late):.1f}" if late else "-",
+                f"{support.percentile(late, 50):.1f}",
+                f"{support.percentile(late, 90):.1f}",
+                f"{support.percentile(late, 99):.1f}",
+                f"{max(late):.1f}" if late else "-",
+                per_round,
+                "yes" if all(run["ok"] for run in results[who]) else "NO",
+            ]
+        )
+    lines = [
+        f"2. Lateness (handled - due, ms): {args.lateness_rounds} workload(s) per runner, "
+        f"alternated; each schedules {args.lateness_items} items over ~{args.spread / 2:g} s, "
+        f"each due 0.05-{args.spread / 2:g} s later (due times cover ~{args.spread:g} s), "
+        "with DelayQueue.schedule(eta=...) from this process",
+        "",
+        support.table(
+            [
+                "runner",
+                "items",
+                "min",
+                "p50",
+                "p90",
+                "p99",
+                "max",
+                "per workload p50/p99",
+                "exactly once, queue empty",
+            ],
+            rows,
+        ),
+        "",
+        "Clocks: due = Redis TIME at scheduling + the delay (the queue's own clock); handled = "
+        "time.time() in the handler as it starts, in the drainer process. Redis and every "
+        "process run on this one machine, so both read the same system clock.",
+    ]
+    problems = [
+        f"  {labels[who]}, workload {i + 1}: {run['problem']}"
+        for who in results
+        for i, run in enumerate(results[who])
+        if not run["ok"]
+    ]
+    if problems:
+        lines += ["", "Check FAILED:", *problems]
+    summary = {
+        who: {
+            "p50": support.percentile(pooled[who], 50),
+            "p99": support.percentile(pooled[who], 99),
+        }
+        for who in pooled
+    }
+    summary["ok"] = not problems
+    return lines, summary
+
+
+# -- report --------------------------------------------------------------------------------
+
+
+def version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def header(client, db_url: str | None) -> list[str]:
+    parser = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python"
+    listpack = client.config_get("hash-max-listpack-entries")["hash-max-listpack-entries"]
+    lines = [
+        f"Delay queue benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        f"redis-server {support.redis_version(client)} (private, 127.0.0.1); "
+        f"Python {platform.python_version()} on {platform.machine()}; {os.cpu_count()} CPUs; "
+        f"server started without a config file (hash-max-listpack-entries {listpack})",
+        f"redis-py {version('redis')} ({parser} parser), Celery {version('celery')}, "
+        f"Django {version('Django')}",
+    ]
+    if db_url:
+        lines.append(f"Database of the subprocesses: {db_url}")
+    return lines
+
+
+def targets(drain: dict | None, late: dict | None) -> list[str]:
+    lines = ["Targets:"]
+    if drain:
+        rate = drain["rate"]
+        lines.append(
+            f"  >= {TARGET_RATE:,} items/s drained by one drainer: {drain['label']} "
+            f"{rate:,.0f} items/s ({drain['vs_naive']:.0f}x the naive loop): "
+            f"{support.verdict(rate >= TARGET_RATE and drain['ok'])}"
+        )
+    if late:
+        p99 = late["runner"]["p99"]
+        lines.append(
+            f"  run_delay_queue lateness p99 < {TARGET_P99_MS:g} ms: {p99:.1f} ms: "
+            f"{support.verdict(p99 < TARGET_P99_MS and late['ok'])}  (beside it, Celery beat "
+            f"at 1 s: p50 {late['beat']['p50']:.0f} ms, p99 {late['beat']['p99']:.0f} ms; "
+            f"p50 ratio beat/run_delay_queue "
+            f"{late['beat']['p50'] / max(late['runner']['p50'], 0.001):.0f}x)"
+        )
+    return lines
+
+
+def load_average() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def main(argv: list[str]) -> str:
+    args = parse_args(argv)
+    load_before = load_average()
+    db_url = args.database_url if "lateness" in args.parts else None
+    created = ensure_database(db_url) if db_url else False
+    with support.private_redis() as server:
+        support.setup_django(server.url, db_url)
+        if db_url:
+            from django.core.management import call_command
+            from django.db import connections
+
+            support.progress(f"migrating {db_url}" + (" (created)" if created else ""))
+            call_command("migrate", verbosity=0, interactive=False)
+            connections.close_all()
+        probe = server.client()
+        lines = header(probe, db_url)
+        probe.close()
+        if args.quick:
+            lines.append("(--quick smoke run: small numbers, short; rough)")
+        drain_summary = late_summary = None
+        if "drain" in args.parts:
+            part, drain_summary = drain_part(server, args)
+            lines += [""] + part
+        if "lateness" in args.parts:
+            part, late_summary = lateness_part(server, args, db_url)
+            lines += [""] + part
+        lines += [""] + targets(drain_summary, late_summary)
+        lines += [
+            "",
+            f"Load average (1/5/15 min) at start {load_before}, at end {load_average()} "
+            f"({os.cpu_count()} CPUs, shared machine): compare within a run, not across runs.",
+        ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(main(sys.argv[1:]))
