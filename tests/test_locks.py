@@ -32,13 +32,13 @@ def test_grant_sets_token_fence_and_holder_metadata_with_one_lease(redis_client)
     lock = Lock("order:42", ttl=20)
     assert lock.acquire()
     assert len(lock.token) == 32  # 128 random bits, hex
-    assert lock.fence == 1
+    assert lock.fence == int(redis_client.get("sl:lock:{order:42}:fence"))
     assert redis_client.get("sl:lock:{order:42}").decode() == lock.token
     holder = {
         k.decode(): v.decode() for k, v in redis_client.hgetall("sl:lock:{order:42}:holder").items()
     }
     assert holder["token"] == lock.token
-    assert holder["fence"] == "1"
+    assert holder["fence"] == str(lock.fence)
     assert holder["count"] == "1"
     assert holder["pid"].isdigit() and holder["host"] and holder["thread"] == "MainThread"
     assert holder["caller"].endswith(
@@ -92,8 +92,8 @@ def test_retried_acquire_with_the_same_token_is_granted_the_same_fence(redis_cli
     lock = Lock("retry", ttl=5)
     first = lock.do_acquire("t" * 32, 0)
     second = lock.do_acquire("t" * 32, 0)  # the reply of the first was "lost"
-    assert first == second == (True, 1, 1)
-    assert redis_client.get("sl:lock:{retry}:fence") == b"1"
+    assert first == second and first[0] is True and first[2] == 1
+    assert redis_client.get("sl:lock:{retry}:fence") == str(first[1]).encode()
 
 
 # -- ownership -------------------------------------------------------------------
@@ -143,10 +143,21 @@ def test_expired_lock_is_free_to_others(redis_client):
 
 def test_waiter_whose_holder_died_is_granted_when_the_lease_runs_out(redis_client):
     # No release ever comes: the waiter's wait is bounded by the holder's PTTL.
-    Lock("dead", ttl=0.3).acquire()
+    dead = Lock("dead", ttl=0.3)
+    dead.acquire()
     waiter = Lock("dead", ttl=5, timeout=TIMEOUT)
     assert waiter.acquire()
-    assert waiter.fence == 2
+    assert waiter.fence == dead.fence + 1
+
+
+def test_fences_keep_rising_when_redis_loses_its_data(redis_client):
+    with Lock("survivor", ttl=5) as before:
+        pass
+    redis_client.flushall()  # a restart without persistence, a failover to an empty replica
+    with Lock("survivor", ttl=5) as after:
+        assert after.fence > before.fence
+    seconds, micros = redis_client.time()
+    assert after.fence <= seconds * 1_000_000 + micros  # seeded from the Redis clock
 
 
 def test_fences_strictly_increase_across_grants():
@@ -191,7 +202,8 @@ def test_reentrant_owner_counts_holds_and_only_the_last_release_frees(redis_clie
     assert inner.acquire()
     assert outer.acquire()
     assert redis_client.hget("sl:lock:{re}:holder", "count") == b"3"
-    assert outer.fence == inner.fence == 1  # re-entry keeps the grant's fence
+    first_fence = outer.fence
+    assert inner.fence == first_fence  # re-entry keeps the grant's fence
 
     def other_thread(result):
         result.append(Lock("re", ttl=10, reentrant=True, timeout=0).acquire())
@@ -209,7 +221,7 @@ def test_reentrant_owner_counts_holds_and_only_the_last_release_frees(redis_clie
     outer.release()
     assert not redis_client.exists("sl:lock:{re}")
     with Lock("re", ttl=10, reentrant=True) as again:
-        assert again.fence == 2
+        assert again.fence == first_fence + 1
 
 
 # -- wake-up on release ------------------------------------------------------------

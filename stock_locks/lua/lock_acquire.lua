@@ -1,7 +1,10 @@
 -- Grant a lock, or re-grant it to the token that already holds it.
 --
 -- KEYS[1] lock key (string: the holder's token, expiring with the lease)
--- KEYS[2] fencing counter (never expires; INCR on every fresh grant)
+-- KEYS[2] fencing counter (never expires; INCR on every fresh grant). A missing
+--         counter (first grant, or Redis lost its data) starts from the Redis
+--         clock in microseconds, so fences keep rising across a data loss
+--         (unless grants outpace one per microsecond, or the clock steps back).
 -- KEYS[3] holder hash (metadata for the admin page, same lease as the lock)
 -- ARGV[1] token          ARGV[2] lease in ms
 -- ARGV[3] depth: how many times this token already holds the lock (0 = fresh)
@@ -17,8 +20,12 @@
 -- A grant to a caller that waited keeps the mark: others may still be waiting,
 -- and its own release must wake the next of them.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local fence = redis.call('INCR', KEYS[2])
   local now = redis.call('TIME')
+  local fence = redis.call('INCR', KEYS[2])
+  if fence == 1 then
+    fence = now[1] * 1000000 + now[2]
+    redis.call('SET', KEYS[2], fence)
+  end
   redis.call('HSET', KEYS[3],
     'token', ARGV[1], 'fence', fence, 'count', 1, 'ttl', ARGV[2],
     'acquired_at', now[1] * 1000 + math.floor(now[2] / 1000),
