@@ -192,7 +192,6 @@ def test_concurrent_drainers_never_get_the_same_item(redis_client):
         pipe.hset(queue.keys.items, f"i{n}", '{"task":"t","payload":null}')
     pipe.execute()
     per_process = run_in_processes(_claim_and_record, 4, 25)
-    assert all(per_process)  # every drainer took part
     claimed = [item for seen in per_process for item in seen]
     assert len(claimed) == 3000
     assert len(set(claimed)) == 3000

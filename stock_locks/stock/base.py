@@ -9,13 +9,15 @@ order ref, is what makes reserve, commit and release idempotent.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import Any
 
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, models, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 
 from ..conf import settings
 from ..exceptions import InvalidQuantity, OutOfStock, ReservationError
@@ -108,6 +110,70 @@ class StockModel:
             if not taken:
                 raise OutOfStock(sku, qty, self.level(sku))
 
+    def take_and_record(
+        self, order_ref: str, lines: Cart, strategy: str, retries: int = 0
+    ) -> Reservation:
+        """In one transaction: take every line (``stock >= qty``) and insert the
+        RESERVED row. Raises :class:`OutOfStock` (nothing taken) and
+        ``IntegrityError`` when the order ref already has a row.
+
+        On PostgreSQL a one-line cart (the flash-sale case) is one statement, a
+        data-modifying CTE, instead of three ORM queries: the hot row stays
+        locked for one round trip, and the ORM's CPU cost per sale (which caps a
+        2-core web host long before the database does) goes away. Longer carts
+        take their rows one by one in SKU order, so two carts cannot deadlock.
+        """
+        db = router.db_for_write(Reservation)
+        if len(lines) == 1 and connections[db].vendor == "postgresql":
+            return self._take_and_record_in_one_statement(db, order_ref, lines, strategy, retries)
+        with transaction.atomic(using=db):
+            reservation = new_reservation(order_ref, lines, strategy, retries)
+            self.take_conditionally(lines)
+        return reservation
+
+    def _take_and_record_in_one_statement(
+        self, db: str, order_ref: str, lines: Cart, strategy: str, retries: int
+    ) -> Reservation:
+        [(sku, qty)] = lines.items()
+        q = connections[db].ops.quote_name
+        res = {f.name: q(f.column) for f in Reservation._meta.concrete_fields}
+        product = self.model._meta
+        sku_col = q(product.get_field(self.sku).column)
+        qty_col = q(product.get_field(self.qty).column)
+        sql = (
+            f"WITH taken AS (UPDATE {q(product.db_table)} SET {qty_col} = {qty_col} - %s "
+            f"WHERE {sku_col} = %s AND {qty_col} >= %s RETURNING 1) "
+            f"INSERT INTO {q(Reservation._meta.db_table)} ({res['order_ref']}, {res['lines']}, "
+            f"{res['strategy']}, {res['status']}, {res['created_at']}, {res['updated_at']}) "
+            f"SELECT %s, %s::jsonb, %s, %s, now(), now() FROM taken "
+            f"RETURNING {res['id']}, {res['created_at']}"
+        )
+        params = [
+            qty,
+            sku,
+            qty,
+            order_ref,
+            json.dumps(lines),
+            strategy,
+            Reservation.Status.RESERVED,
+        ]
+        connection = connections[db]
+        # Autocommit makes the statement its own transaction; inside the caller's
+        # transaction a savepoint keeps a duplicate-ref error from aborting it.
+        scope = transaction.atomic(using=db) if connection.in_atomic_block else nullcontext()
+        with scope, connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        if row is None:  # nothing was taken, so nothing to roll back
+            raise OutOfStock(sku, qty, self.level(sku))
+        reservation = Reservation(
+            id=row[0], order_ref=order_ref, lines=lines, strategy=strategy,
+            status=Reservation.Status.RESERVED, created_at=row[1], updated_at=row[1],
+        )  # fmt: skip
+        reservation._state.adding, reservation._state.db = False, db
+        reservation.created, reservation.retries = True, retries
+        return reservation
+
     def put_back(self, lines: Cart) -> None:
         """In the caller's transaction: ``stock += qty`` per line."""
         for sku, qty in lines.items():
@@ -148,12 +214,15 @@ class StockStrategy(ABC):
     @abstractmethod
     def do_reserve(self, order_ref: str, lines: Cart) -> Reservation: ...
 
-    def reserve_once(self, order_ref: str, lines: Cart, take: Callable[[], None]) -> Reservation:
+    def reserve_once(
+        self, order_ref: str, lines: Cart, take: Callable[[], None], *, checked: bool = False
+    ) -> Reservation:
         """The database reservation every DB-side strategy makes: ``take()`` the
         units and insert the row in one transaction, unless the order ref already
         has one (then that one, nothing moved; a racing duplicate is caught by
-        the unique order ref and rolled back)."""
-        repeat = repeat_of(order_ref, lines)
+        the unique order ref and rolled back). ``checked``: the caller already
+        looked for a repeat."""
+        repeat = None if checked else repeat_of(order_ref, lines)
         if repeat is not None:
             return repeat
         try:

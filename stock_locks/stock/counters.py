@@ -14,7 +14,7 @@ import logging
 from abc import abstractmethod
 from collections.abc import Iterable
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -29,7 +29,6 @@ from .base import (
     StockStrategy,
     commit_in_db,
     existing_reservation,
-    new_reservation,
     release_in_db,
     unknown_sku,
 )
@@ -64,9 +63,7 @@ class RedisStockStrategy(StockStrategy):
         if retries == ALREADY:
             return existing_reservation(order_ref, lines)
         try:
-            with transaction.atomic():
-                reservation = new_reservation(order_ref, lines, self.name, retries)
-                self.stock.take_conditionally(lines)
+            reservation = self.stock.take_and_record(order_ref, lines, self.name, retries)
         except IntegrityError:
             self.undo_in_redis(order_ref, lines)
             return existing_reservation(order_ref, lines)

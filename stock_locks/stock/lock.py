@@ -29,6 +29,7 @@ from .base import (
     check_order_ref,
     locked_reservation,
     mark,
+    repeat_of,
     unknown_sku,
 )
 from .counters import REDIS_DOWN
@@ -98,8 +99,15 @@ class LockStrategy(StockStrategy):
             fenced_update_row(self.stock.model, pk, fences[sku], **changes)
 
     def do_reserve(self, order_ref: str, lines: Cart) -> Reservation:
+        repeat = repeat_of(order_ref, lines)  # before the locks: they are held as briefly as can be
+        if repeat is not None:
+            return repeat
         with self.locked(list(lines)) as fences:
-            return self.reserve_once(order_ref, lines, lambda: self.apply(lines, -1, fences))
+
+            def take() -> None:
+                self.apply(lines, -1, fences)
+
+            return self.reserve_once(order_ref, lines, take, checked=True)
 
     def release(self, order_ref: str) -> bool:
         check_order_ref(order_ref)

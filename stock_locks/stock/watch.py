@@ -28,6 +28,7 @@ class WatchStrategy(RedisStockStrategy):
         counters = [self.keys.counter(sku) for sku in lines]
         attempts = settings.WATCH_ATTEMPTS
         conflicts = loads = 0
+        seconds, micros = self.redis.time()  # the record's time (Redis clock), read once
         with self.redis.pipeline(transaction=True) as pipe:
             while conflicts < attempts:
                 try:
@@ -44,7 +45,6 @@ class WatchStrategy(RedisStockStrategy):
                     for (sku, qty), value in zip(lines.items(), values, strict=True):
                         if value is None or int(value) < qty:
                             raise OutOfStock(sku, qty, int(value or 0))
-                    seconds, micros = pipe.time()
                     pipe.multi()
                     for counter, qty in zip(counters, lines.values(), strict=True):
                         pipe.decrby(counter, qty)
