@@ -52,7 +52,7 @@ class InvalidSchedule(StockLocksError, ValueError):
     """A schedule call was malformed; nothing was scheduled."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Item:
     """A claimed item: handle it, then ``ack`` (or ``fail``) it by id."""
 

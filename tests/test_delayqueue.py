@@ -120,6 +120,18 @@ def test_ack_of_a_batch_is_one_round_trip(queue, redis_client):
     assert redis_client.info("commandstats")["cmdstat_evalsha"]["calls"] == 1
 
 
+def test_batches_larger_than_one_lua_chunk_are_claimed_and_acked_whole(queue, redis_client):
+    pipe = redis_client.pipeline(transaction=False)
+    for n in range(2500):
+        pipe.zadd(queue.keys.due, {f"i{n}": 1})
+        pipe.hset(queue.keys.items, f"i{n}", '{"task":"t","payload":null}')
+    pipe.execute()
+    items = queue.claim(2500)
+    assert len({item.id for item in items}) == 2500 and {item.attempts for item in items} == {1}
+    assert queue.ack(*(item.id for item in items), "i0") == 2500  # a repeated id counts once
+    assert redis_client.dbsize() == 0
+
+
 def test_bad_arguments_change_nothing(queue, redis_client):
     bad_calls = [
         lambda: queue.schedule("", {}),

@@ -12,7 +12,10 @@ end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or 0) >= tonumber(ARGV[4]) then
+-- No entry: the first delivery (see delay_claim.lua). Written now, for retries and dead letters.
+local deliveries = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or 1)
+redis.call('HSET', KEYS[2], ARGV[1], deliveries)
+if deliveries >= tonumber(ARGV[4]) then
   redis.call('ZADD', KEYS[5], now, ARGV[1])
   return 2
 end
