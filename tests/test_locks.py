@@ -324,13 +324,13 @@ def hold_for(locks: list[Lock], periods: float, redis_client) -> None:
 
 
 def test_watchdog_keeps_a_lock_alive_past_its_ttl_and_stops_at_release(redis_client):
-    lock = Lock("wd", ttl=0.4, watchdog=True)
+    lock = Lock("wd", ttl=1.0, watchdog=True)
     lock.acquire()
     hold_for([lock], 3, redis_client)
     lock.release()
     assert not redis_client.exists("sl:lock:{wd}")
     # Watch another watchdog lock get renewed twice; the released one stays gone.
-    probe = Lock("wd-probe", ttl=0.4, watchdog=True)
+    probe = Lock("wd-probe", ttl=1.0, watchdog=True)
     probe.acquire()
     renewals = 0
     last = redis_client.pttl(probe.keys.lock)
@@ -358,7 +358,7 @@ def test_watchdog_marks_a_lost_lease_and_logs_a_warning(redis_client, caplog):
 
 
 def test_fifty_watchdog_locks_share_one_renewal_thread(redis_client):
-    locks = [Lock(f"many:{i}", ttl=0.6, watchdog=True) for i in range(50)]
+    locks = [Lock(f"many:{i}", ttl=1.0, watchdog=True) for i in range(50)]
     for lock in locks:
         lock.acquire()
     hold_for(locks, 3, redis_client)
@@ -369,22 +369,22 @@ def test_fifty_watchdog_locks_share_one_renewal_thread(redis_client):
 
 
 def _child_holds_watchdog_lock(results) -> None:
-    lock = Lock("wd-fork", ttl=0.3, watchdog=True)
+    lock = Lock("wd-fork", ttl=0.6, watchdog=True)
     lock.acquire()
     import time
 
-    end = time.monotonic() + 1.2
+    end = time.monotonic() + 2.0
     owned = True
     while time.monotonic() < end:
         owned = owned and lock.owned()
-        time.sleep(0.03)
+        time.sleep(0.05)
     threads = [t.ident for t in watchdog_threads()]
     lock.release()
     results.put((owned, threads))
 
 
 def test_watchdog_survives_fork_child_starts_its_own_thread(redis_client):
-    parent_lock = Lock("wd-parent", ttl=0.5, watchdog=True)
+    parent_lock = Lock("wd-parent", ttl=1.0, watchdog=True)
     parent_lock.acquire()
     parent_threads = [t.ident for t in watchdog_threads()]
     ctx = multiprocessing.get_context("fork")
