@@ -184,147 +184,6 @@ def run_naive(queue, batch: int) -> int:
         done += 1
 
 
-# Suggested fixes, measured here and NOT shipped in stock_locks; same replies and the
-# same observable behaviour (Item.attempts, fail/bury outcomes, dead letters' counts).
-# A: the two hot scripts with variadic commands (a handful of redis.call per batch instead
-#    of 4 per item each). ZMSCORE needs Redis >= 6.2. Arguments go in chunks, because
-#    unpack() of more than ~8000 values fails in Redis' Lua.
-# B: A, and a first delivery writes no count to the attempts hash (absent = 1 while in
-#    flight; the count is written on redelivery, lapse and fail). The attempts hash is
-#    then not created and emptied by every batch: with Redis' compiled-in default
-#    hash-max-listpack-entries 512 (no config file, e.g. the official Docker image) a
-#    batch of 500 keeps it a listpack, so each shipped HINCRBY scans it. B needs the same
-#    "or 1" + write-back in delay_fail.lua (see the report), not exercised by drain().
-PROPOSED_CLAIM_TEMPLATE = """
-local CHUNK = 1000
-local LOST = 'not acknowledged before its visibility timeout (drainer lost?)'
-local function call_chunked(cmd, key, list)
-  for i = 1, #list, CHUNK do
-    redis.call(cmd, key, unpack(list, i, math.min(i + CHUNK - 1, #list)))
-  end
-end
-local function hmget(key, ids)
-  local out = {}
-  for i = 1, #ids, CHUNK do
-    for _, v in ipairs(redis.call('HMGET', key, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))) do
-      out[#out + 1] = v
-    end
-  end
-  return out
-end
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local limit = tonumber(ARGV[1])
-local lapsed = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, limit)
-for _, id in ipairs(lapsed) do  -- the rare path: one item at a time
-  redis.call('ZREM', KEYS[5], id)
-  local n = tonumber(redis.call('HGET', KEYS[3], id) or FIRST)
-  WRITE_LAPSED
-  if n >= tonumber(ARGV[3]) then
-    if redis.call('HEXISTS', KEYS[4], id) == 0 then
-      redis.call('HSET', KEYS[4], id, LOST)
-    end
-    redis.call('ZADD', KEYS[6], now, id)
-  else
-    redis.call('ZADD', KEYS[1], now, id)
-  end
-end
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
-if #ids == 0 then
-  return {}
-end
-call_chunked('ZREM', KEYS[1], ids)
-local bodies = hmget(KEYS[2], ids)
-local counts = hmget(KEYS[3], ids)
-local deadline = now + tonumber(ARGV[2])
-local claimed, flight, counted = {}, {}, {}
-for i, id in ipairs(ids) do
-  if bodies[i] then
-    local n = (tonumber(counts[i]) or 0) + 1
-    flight[#flight + 1] = deadline
-    flight[#flight + 1] = id
-    if n > SKIP_BELOW then
-      counted[#counted + 1] = id
-      counted[#counted + 1] = n
-    end
-    claimed[#claimed + 1] = id
-    claimed[#claimed + 1] = bodies[i]
-    claimed[#claimed + 1] = n
-  end
-end
-call_chunked('ZADD', KEYS[5], flight)
-call_chunked('HSET', KEYS[3], counted)
-return claimed
-"""
-PROPOSED_CLAIM_A = (
-    PROPOSED_CLAIM_TEMPLATE.replace("FIRST", "0")
-    .replace("WRITE_LAPSED", "-- (the count is there)")
-    .replace("SKIP_BELOW", "0")
-    .encode()
-)
-PROPOSED_CLAIM_B = (
-    PROPOSED_CLAIM_TEMPLATE.replace("FIRST", "1")
-    .replace("WRITE_LAPSED", "redis.call('HSET', KEYS[3], id, n)")
-    .replace("SKIP_BELOW", "1")
-    .encode()
-)
-PROPOSED_ACK = b"""
-local CHUNK = 1000
-local acked = 0
-for i = 1, #ARGV, CHUNK do
-  local part = {unpack(ARGV, i, math.min(i + CHUNK - 1, #ARGV))}
-  local scores = redis.call('ZMSCORE', KEYS[1], unpack(part))
-  local ids = {}
-  for j, id in ipairs(part) do
-    if scores[j] then
-      ids[#ids + 1] = id
-    end
-  end
-  if #ids > 0 then
-    acked = acked + redis.call('ZREM', KEYS[1], unpack(ids))
-    redis.call('HDEL', KEYS[2], unpack(ids))
-    redis.call('HDEL', KEYS[3], unpack(ids))
-    redis.call('HDEL', KEYS[4], unpack(ids))
-  end
-end
-return acked
-"""
-
-
-def run_drain_proposed(queue, batch: int, claim_source: bytes) -> int:
-    """``drain()`` unchanged, with a proposed claim script and ack script swapped in."""
-    from redis.commands.core import Script
-
-    from stock_locks import scripts
-
-    originals = scripts.DELAY_CLAIM, scripts.DELAY_ACK
-    scripts.DELAY_CLAIM = Script(None, claim_source)
-    scripts.DELAY_ACK = Script(None, PROPOSED_ACK)
-    try:
-        return run_drain(queue, batch)
-    finally:
-        scripts.DELAY_CLAIM, scripts.DELAY_ACK = originals
-
-
-def run_drain_proposed_a(queue, batch: int) -> int:
-    return run_drain_proposed(queue, batch, PROPOSED_CLAIM_A)
-
-
-def run_drain_proposed_b(queue, batch: int) -> int:
-    return run_drain_proposed(queue, batch, PROPOSED_CLAIM_B)
-
-
-def run_drain_small_listpacks(queue, batch: int) -> int:
-    """``drain()`` with the server's hashes turned into hash tables past 128 fields (the
-    value redis.conf ships with) instead of the compiled-in default, 512."""
-    old = queue.redis.config_get("hash-max-listpack-entries")["hash-max-listpack-entries"]
-    queue.redis.config_set("hash-max-listpack-entries", 128)
-    try:
-        return run_drain(queue, batch)
-    finally:
-        queue.redis.config_set("hash-max-listpack-entries", old)
-
-
 def contenders(args) -> dict[str, tuple[Callable, int, str]]:
     """label -> (function, batch, kind); kind 'handler': the handler's counts are checked."""
     out = {}
@@ -333,20 +192,6 @@ def contenders(args) -> dict[str, tuple[Callable, int, str]]:
         out[label] = (run_drain, b, "handler")
     out[f"claim()+ack() only, batch {DEFAULT_BATCH}"] = (run_claim_ack, DEFAULT_BATCH, "handler")
     out[f"raw EVALSHA claim+ack, batch {DEFAULT_BATCH}"] = (run_raw_scripts, DEFAULT_BATCH, "raw")
-    for letter, func, what in (
-        ("A", run_drain_proposed_a, "variadic Lua"),
-        ("B", run_drain_proposed_b, "A + no count on 1st delivery"),
-    ):
-        out[f"drain(), batch {DEFAULT_BATCH}, PROPOSED {letter}: {what}"] = (
-            func,
-            DEFAULT_BATCH,
-            "handler",
-        )
-    out[f"drain(), batch {DEFAULT_BATCH}, hash-max-listpack-entries 128"] = (
-        run_drain_small_listpacks,
-        DEFAULT_BATCH,
-        "handler",
-    )
     out["naive loop, 1 item / 4 round trips"] = (run_naive, 1, "handler")
     return out
 
@@ -519,14 +364,8 @@ def drain_part(server, args) -> tuple[list[str], dict]:
                 one_run(server, client, admin, queue, func, batch, kind, size(label))
             )
     default_label = next(label for label in labels if "(default)" in label)
-    proposed = [label for label in labels if "PROPOSED" in label]
-    listpack_label = next(label for label in labels if "listpack" in label)
     support.progress("drain: breakdown")
-    by_name = {
-        label: [x["usec_by_name"] for x in results[label]]
-        for label in labels
-        if label == default_label or "PROPOSED" in label or "listpack" in label
-    }
+    by_name = {default_label: [x["usec_by_name"] for x in results[default_label]]}
     parts = breakdown(admin, queue, args.items, args.rounds, by_name)
     client.close()
     admin.close()
@@ -593,17 +432,6 @@ def drain_part(server, args) -> tuple[list[str], dict]:
         lines += ["", "Check FAILED:", *problems]
     lines += ["", *parts]
     rate = support.median([x["rate"] for x in results[default_label]])
-    lines += [
-        "",
-        f"Proposed scripts / shipped ones, drain(batch {DEFAULT_BATCH}), median of same-round "
-        "ratios: "
-        + ", ".join(
-            f"{label[label.index('PROPOSED') :]} {same_round(label, default_label):.2f}x"
-            for label in proposed
-        ),
-        f"Shipped scripts on a server with hash-max-listpack-entries 128 / 512 (this server's "
-        f"default), same-round ratio: {same_round(listpack_label, default_label):.2f}x items/s",
-    ]
     summary = {
         "rate": rate,
         "label": default_label,
@@ -614,30 +442,6 @@ def drain_part(server, args) -> tuple[list[str], dict]:
 
 
 # -- part 2: lateness ------------------------------------------------------------------
-
-
-def ensure_database(url: str) -> bool:
-    """Create the PostgreSQL database of ``url`` when it is missing; True when created."""
-    import dj_database_url
-    import psycopg
-    from psycopg import sql
-
-    config = dj_database_url.parse(url)
-    if "postgresql" not in config["ENGINE"]:
-        return False
-    params = {
-        "host": config.get("HOST") or None,
-        "port": config.get("PORT") or None,
-        "user": config.get("USER") or None,
-        "password": config.get("PASSWORD") or None,
-    }
-    params = {key: value for key, value in params.items() if value is not None}
-    with psycopg.connect(dbname="postgres", autocommit=True, connect_timeout=10, **params) as conn:
-        name = config["NAME"]
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            return False
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return True
 
 
 class Child:
@@ -895,12 +699,10 @@ def version(dist: str) -> str:
 
 def header(client, db_url: str | None) -> list[str]:
     parser = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python"
-    listpack = client.config_get("hash-max-listpack-entries")["hash-max-listpack-entries"]
     lines = [
         f"Delay queue benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         f"redis-server {support.redis_version(client)} (private, 127.0.0.1); "
-        f"Python {platform.python_version()} on {platform.machine()}; {os.cpu_count()} CPUs; "
-        f"server started without a config file (hash-max-listpack-entries {listpack})",
+        f"Python {platform.python_version()} on {platform.machine()}; {os.cpu_count()} CPUs",
         f"redis-py {version('redis')} ({parser} parser), Celery {version('celery')}, "
         f"Django {version('Django')}",
     ]
@@ -938,7 +740,7 @@ def main(argv: list[str]) -> str:
     args = parse_args(argv)
     load_before = load_average()
     db_url = args.database_url if "lateness" in args.parts else None
-    created = ensure_database(db_url) if db_url else False
+    created = support.ensure_database(db_url) if db_url else False
     with support.private_redis() as server:
         support.setup_django(server.url, db_url)
         if db_url:

@@ -141,31 +141,6 @@ def database_url() -> tuple[str, bool]:
     return (url, True) if url else (DEFAULT_DATABASE_URL, False)
 
 
-def ensure_database(url: str) -> bool:
-    """Create the PostgreSQL database of ``url`` when it is missing; True when created."""
-    import dj_database_url
-
-    config = dj_database_url.parse(url)
-    if "postgresql" not in config["ENGINE"]:
-        return False
-    import psycopg
-    from psycopg import sql
-
-    params = {
-        "host": config.get("HOST") or None,
-        "port": config.get("PORT") or None,
-        "user": config.get("USER") or None,
-        "password": config.get("PASSWORD") or None,
-    }
-    params = {key: value for key, value in params.items() if value is not None}
-    with psycopg.connect(dbname="postgres", autocommit=True, connect_timeout=10, **params) as conn:
-        name = config["NAME"]
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            return False
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return True
-
-
 def redacted(url: str) -> str:
     """``url`` without its password."""
     from urllib.parse import urlsplit, urlunsplit
@@ -731,7 +706,7 @@ def main(argv: list[str]) -> str:
     args = parse_args(argv)
     load_before = load_average()
     db_url, own_db = database_url()
-    created = ensure_database(db_url)
+    created = support.ensure_database(db_url)
     with support.private_redis() as server:
         support.setup_django(server.url, db_url)
         from django.core.management import call_command

@@ -1,5 +1,5 @@
-"""Helpers shared by the benchmarks: a private redis-server, Django set-up, worker
-processes that start together, percentiles and plain-text tables.
+"""Helpers shared by the benchmarks: a private redis-server, Django set-up, creating the
+PostgreSQL database, worker processes that start together, percentiles and plain-text tables.
 
 Nothing here talks to the system Redis: every benchmark starts its own
 redis-server on a free port (``tests.support.redis_servers.RedisServer``).
@@ -90,6 +90,31 @@ def setup_django(redis_url: str, database_url: str | None = None) -> None:
         for alias in list(connections):
             with suppress(AttributeError):
                 delattr(connections._connections, alias)
+
+
+def ensure_database(url: str) -> bool:
+    """Create the PostgreSQL database of ``url`` when it is missing; True when created."""
+    import dj_database_url
+
+    config = dj_database_url.parse(url)
+    if "postgresql" not in config["ENGINE"]:
+        return False
+    import psycopg
+    from psycopg import sql
+
+    params = {
+        "host": config.get("HOST") or None,
+        "port": config.get("PORT") or None,
+        "user": config.get("USER") or None,
+        "password": config.get("PASSWORD") or None,
+    }
+    params = {key: value for key, value in params.items() if value is not None}
+    with psycopg.connect(dbname="postgres", autocommit=True, connect_timeout=10, **params) as conn:
+        name = config["NAME"]
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            return False
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return True
 
 
 # -- worker processes ---------------------------------------------------------
