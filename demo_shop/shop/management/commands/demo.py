@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-serve", action="store_true", help="stop after the report")
 
     def handle(self, *args, port, stock, buyers, processes, no_serve, **options):
+        signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop: clean up like Ctrl-C
         call_command("seed_shop", stdout=self.stdout)
         base = f"http://127.0.0.1:{port}"
         self.stdout.write(f"starting the shop at {base} (database: {_database_label()})")
@@ -112,6 +114,10 @@ class Command(BaseCommand):
         say(f"  orders {unpaid} expired; KETTLE in stock again: {_kettles()}")
         order, _ = place_order({"KETTLE": 1}, "lua")
         say(f"  buyer 6 tries again: order {order.pk} reserved from the returned stock")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _start(command: list[str]) -> subprocess.Popen:
