@@ -58,7 +58,8 @@ class RedisStockStrategy(StockStrategy):
         try:
             retries = self.reserve_in_redis(order_ref, lines)
         except REDIS_DOWN as exc:
-            self.undo_in_redis(order_ref, lines)  # the reply may have been lost after the work
+            # The connection may have broken after the script ran: give back, if anything.
+            self.undo_in_redis(order_ref, lines, after_outage=True)
             raise RedisUnavailable(f"Redis unreachable, nothing reserved: {exc}") from exc
         if retries == ALREADY:
             return existing_reservation(order_ref, lines)
@@ -72,11 +73,19 @@ class RedisStockStrategy(StockStrategy):
             raise
         return reservation
 
-    def undo_in_redis(self, order_ref: str, lines: Cart) -> None:
+    def undo_in_redis(self, order_ref: str, lines: Cart, after_outage: bool = False) -> None:
         """Best effort: give back what the Redis half took for ``order_ref``."""
         try:
             self.release_in_redis(order_ref, lines)
         except RedisError as exc:
+            if after_outage:  # most likely the reserve never reached Redis either
+                log.warning(
+                    "Redis unreachable while reserving %r (%s); if the reserve ran before the "
+                    "connection broke, `manage.py reconcile_stock --fix` gives its units back",
+                    order_ref,
+                    exc,
+                )
+                return
             log.error(
                 "could not give back %s for %r in Redis (%s); "
                 "Redis is now below the database until `manage.py reconcile_stock --fix`",
