@@ -42,18 +42,24 @@ def force_release_lock(name: str, token: str) -> Outcome:
     )
     if result != RELEASED:
         return Outcome(
-            False, f"lock {name!r} changed hands meanwhile; nothing released", _shown(holder)
+            False, f"lock {name!r} changed hands meanwhile; nothing released", shown(holder)
         )
     return Outcome(
-        True, f"lock {name!r} force-released (fence {holder.get('fence')})", _shown(holder)
+        True, f"lock {name!r} force-released (fence {holder.get('fence')})", shown(holder)
     )
 
 
-def _shown(holder: dict[str, Any] | None) -> dict[str, Any] | None:
+def shown(holder: dict[str, Any] | None) -> dict[str, Any] | None:
     """A holder as the audit log keeps it: a token is a release credential, so only its prefix."""
     if holder is None:
         return None
     return {**holder, "token": holder["token"][:TOKEN_SHOWN]}
+
+
+def semaphore_holder(name: str, holder_id: str) -> dict[str, Any] | None:
+    """One live holder of a semaphore, as ``semaphore_state`` describes it, or None."""
+    state = semaphore_state(name)
+    return next((h for h in state["holders"] if h["identifier"] == holder_id), None)
 
 
 def evict_semaphore_holder(name: str, holder_id: str) -> Outcome:
@@ -73,14 +79,14 @@ def evict_semaphore_holder(name: str, holder_id: str) -> Outcome:
 
 
 def requeue_dead_letter(queue: str, item_id: str) -> Outcome:
-    letter = _dead_letter(queue, item_id)
+    letter = dead_letter(queue, item_id)
     if not DelayQueue(queue).requeue(item_id):
         return Outcome(False, f"{item_id!r} is not a dead letter of {queue!r}", letter)
     return Outcome(True, f"{item_id!r} requeued in {queue!r}, due now", letter)
 
 
 def discard_dead_letter(queue: str, item_id: str) -> Outcome:
-    letter = _dead_letter(queue, item_id)
+    letter = dead_letter(queue, item_id)
     if letter is None:
         return Outcome(False, f"{item_id!r} is not a dead letter of {queue!r}")
     DelayQueue(queue).cancel(item_id)
@@ -88,11 +94,10 @@ def discard_dead_letter(queue: str, item_id: str) -> Outcome:
 
 
 def reconcile_stock() -> Outcome:
-    from .stock.reconcile import close_orphan_records, repair_counters, stock_report
+    from .stock.reconcile import fix_drift, stock_report
 
     before = [row.as_dict() for row in stock_report() if row.drift]
-    closed = close_orphan_records()
-    fixed = repair_counters([row for row in stock_report() if row.drift])
+    closed, fixed = fix_drift()
     return Outcome(
         True,
         f"reconciled: {len(fixed)} counter(s) set from the database, "
@@ -101,7 +106,8 @@ def reconcile_stock() -> Outcome:
     )
 
 
-def _dead_letter(queue: str, item_id: str) -> dict[str, Any] | None:
+def dead_letter(queue: str, item_id: str) -> dict[str, Any] | None:
+    """One dead letter of ``queue`` (JSON-ready), or None."""
     for letter in DelayQueue(queue).dead_letters(limit=10_000):
         if letter["id"] == item_id:
             return {**letter, "died_at": letter["died_at"].isoformat()}

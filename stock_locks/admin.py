@@ -18,7 +18,7 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from . import dashboard
+from . import actions, dashboard
 from .actions import ACTIONS, perform
 from .models import AuditEntry, Dashboard
 
@@ -131,32 +131,12 @@ def _describe(action: str, params: dict[str, str]) -> tuple[str, dict | None, di
         holder = dashboard.lock_holder(params["name"]) if params["name"] else None
         if holder is not None:
             params = {**params, "token": holder["token"]}
-            holder = {**holder, "token": holder["token"][: dashboard.TOKEN_SHOWN]}
-        return f"Force-release lock {params['name']!r}?", holder, params
+        return f"Force-release lock {params['name']!r}?", actions.shown(holder), params
     if action == "evict_holder":
-        state = dashboard.semaphores()
-        holder = next(
-            (
-                h
-                for s in state
-                if s["name"] == params["name"]
-                for h in s["holders"]
-                if h["identifier"] == params["holder"]
-            ),
-            None,
-        )
+        holder = actions.semaphore_holder(params["name"], params["holder"])
         return f"Evict a holder of semaphore {params['name']!r}?", holder, params
     if action in ("requeue", "discard"):
-        letter = next(
-            (
-                d
-                for q in dashboard.delay_queues()
-                if q["name"] == params["queue"]
-                for d in q["dead_letters"]
-                if d["id"] == params["id"]
-            ),
-            None,
-        )
+        letter = actions.dead_letter(params["queue"], params["id"])
         verb = "Requeue" if action == "requeue" else "Discard"
         return f"{verb} dead letter {params['id']!r} of queue {params['queue']!r}?", letter, params
     stock = dashboard.stock()

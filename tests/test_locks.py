@@ -14,16 +14,8 @@ from stock_locks import Lock
 from stock_locks.exceptions import LockError, LockNotOwned, LockNotReplicated, LockTimeout
 from stock_locks.locks import Watchdog
 from tests.support.processes import event, run_in_processes, start_process
+from tests.support.redis_stats import blocked_clients, commandstats
 from tests.support.waiting import TIMEOUT, wait_until
-
-
-def commandstats(client) -> dict[str, int]:
-    return {name: stats["calls"] for name, stats in client.info("commandstats").items()}
-
-
-def blocked_clients(client) -> int:
-    return client.info("clients")["blocked_clients"]
-
 
 # -- grant, metadata, round trips ----------------------------------------------
 

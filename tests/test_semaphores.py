@@ -24,17 +24,10 @@ from stock_locks import FairSemaphore, Semaphore, limit_concurrency
 from stock_locks.exceptions import LockError, LockNotOwned, LockTimeout, RedisUnavailable
 from stock_locks.semaphores import semaphore_state
 from tests.support.processes import event, run_in_processes, start_process
+from tests.support.redis_stats import blocked_clients, commandstats
 from tests.support.waiting import TIMEOUT, wait_until
 
 KINDS = pytest.mark.parametrize("kind", [Semaphore, FairSemaphore], ids=["plain", "fair"])
-
-
-def commandstats(client) -> dict[str, int]:
-    return {name: stats["calls"] for name, stats in client.info("commandstats").items()}
-
-
-def blocked_clients(client) -> int:
-    return client.info("clients")["blocked_clients"]
 
 
 def server_ms(client) -> int:

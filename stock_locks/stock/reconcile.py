@@ -111,6 +111,14 @@ def repair_counters(report: list[SkuStock]) -> list[str]:
     return fixed
 
 
+def fix_drift(skus: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """Close orphan Redis reservation records, then set drifting counters from the
+    database. Returns (order refs closed, SKUs set)."""
+    closed = close_orphan_records()
+    fixed = repair_counters([row for row in stock_report(skus) if row.drift])
+    return closed, fixed
+
+
 def sync_counters(skus: list[str] | None = None) -> list[SkuStock]:
     """Load (overwrite) every counter from the database; the report before loading."""
     report = stock_report(skus)

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from ...stock.reconcile import close_orphan_records, repair_counters, stock_report
+from ...stock.reconcile import fix_drift, stock_report
 from ._stock_table import check_known, render
 
 
@@ -19,8 +19,7 @@ class Command(BaseCommand):
         report = stock_report(skus or None)
         check_known(skus, report)
         if fix:
-            closed = close_orphan_records()
-            fixed = repair_counters(report)
+            closed, fixed = fix_drift(skus or None)
             if not json:
                 self.stderr.write(
                     f"closed {len(closed)} orphan Redis reservation(s); "
