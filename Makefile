@@ -10,9 +10,10 @@ VENV_BIN := .venv/bin
 help:
 	@echo "Targets:"
 	@echo "  make setup    create .venv, install deps, make sure redis-server and PostgreSQL are there"
-	@echo "  make test     run the test suite (pytest \$$ARGS)"
+	@echo "  make test     lint, then the test suite (pytest \$$ARGS) on the newest releases and on the"
+	@echo "                lowest versions pyproject.toml allows; STOCK_LOCKS_TEST_RUNS=newest: only that run"
 	@echo "  make demo     run the demo shop (manage.py demo \$$ARGS; DEMO_DATABASE=postgres for PostgreSQL)"
-	@echo "  make lint     ruff check + ruff format --check"
+	@echo "  make lint     ruff check + ruff format --check + mypy (stock_locks)"
 	@echo "  make format   ruff format + ruff check --fix"
 	@echo "  make bench    run the benchmarks (python -m benchmarks \$$ARGS)"
 	@echo "  make stop     stop our own PostgreSQL cluster and the demo redis-server"
@@ -29,7 +30,7 @@ demo:
 
 lint:
 	bash scripts/setup.sh --no-services
-	$(VENV_BIN)/ruff check . && $(VENV_BIN)/ruff format --check .
+	$(VENV_BIN)/ruff check . && $(VENV_BIN)/ruff format --check . && $(VENV_BIN)/mypy
 
 format:
 	bash scripts/setup.sh --no-services

@@ -1,5 +1,9 @@
 """Locks: stock_locks' Lock against redis-py's Lock and python-redis-lock, side by side.
 
+With ``--before REV``, stock_locks as of git revision REV (extracted into a
+temporary package ``stock_locks_before``) runs in the same run, as one more
+contender in (a) and on the "before" side of (c) and (d).
+
 a. Uncontended acquire+release cycles/s on one connection, with client round
    trips and server commands per cycle (commands run inside Lua count too).
 b. Contended handoff: P processes loop on one lock name; sections/s, the
@@ -9,6 +13,11 @@ b. Contended handoff: P processes loop on one lock name; sections/s, the
    counted in Redis, INCR before acquire() and DECR after the grant). Mutual
    exclusion is checked while measuring with an INCR/DECR "inside" counter
    that must never exceed 1.
+c. Waits: how late ``acquire(timeout=t)`` on a held lock returns False (the
+   overshoot past t), and how late a waiter is granted a lock whose holder
+   died (the lateness past the lease end, from the server's PTTL).
+d. The dashboard's lock list: one refresh (``dashboard.lock_page``) with a
+   few held locks among many unrelated keys.
 
 Everything runs against one private redis-server, FLUSHALL between contenders,
 warm-up first, and the contenders are measured in interleaved rounds (order
@@ -18,6 +27,7 @@ rotated each round) because the machine is shared and noisy.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import platform
 import sys
@@ -27,6 +37,8 @@ from collections import Counter
 from datetime import UTC, datetime
 from importlib import metadata
 from itertools import pairwise
+from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -49,6 +61,7 @@ LABELS = {
     "stock_locks": "stock_locks Lock",
     "stock_locks watchdog": "stock_locks Lock(watchdog=True)",
     "stock_locks reentrant": "stock_locks Lock(reentrant=True)",
+    "stock_locks before": "stock_locks Lock, before (--before)",
     "redis-py": "redis-py Lock",
     "python-redis-lock": "python-redis-lock Lock",
 }
@@ -79,6 +92,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="a fast smoke run")
     parser.add_argument(
+        "--before", metavar="REV", help="also run stock_locks as of this git revision"
+    )
+    parser.add_argument(
+        "--only", choices=["a", "b", "c", "d"], action="append", help="run only these sections"
+    )
+    parser.add_argument(
+        "--unrelated-keys", type=int, default=200_000, help="d: unrelated keys (200000)"
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="append a cProfile of stock_locks' cycle"
     )
     args = parser.parse_args(argv)
@@ -97,7 +119,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def make_lock(kind: str, client: redis.Redis):
     """(acquire, release) of one reusable lock object on ``client``; acquire blocks."""
-    if kind.startswith("stock_locks"):
+    if kind == "stock_locks before":
+        lock = before_package().locks.Lock(NAME, TTL, redis=client)
+    elif kind.startswith("stock_locks"):
         from stock_locks.locks import Lock
 
         lock = Lock(
@@ -566,6 +590,160 @@ def contended(server, args) -> list[str]:
     return lines
 
 
+# -- stock_locks before (--before REV) ------------------------------------------------
+
+_before: Any = None
+
+
+def load_before(rev: str) -> None:
+    """Extract ``stock_locks/`` at git revision ``rev`` as the package ``stock_locks_before``."""
+    global _before
+    import importlib
+    import subprocess
+    import tarfile
+    import tempfile
+
+    root = Path(__file__).resolve().parent.parent
+    where = Path(tempfile.mkdtemp(prefix="stock_locks_before-"))
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", rev, "stock_locks"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(where, filter="data")
+    (where / "stock_locks").rename(where / "stock_locks_before")
+    sys.path.insert(0, str(where))
+    package = importlib.import_module("stock_locks_before")
+    for module in ("locks", "keys", "dashboard"):
+        importlib.import_module(f"stock_locks_before.{module}")
+    _before = package
+
+
+def before_package() -> Any:
+    if _before is None:
+        raise RuntimeError("run with --before REV")
+    return _before
+
+
+def _both(args) -> list[tuple[str, Any]]:
+    """(label, Lock class) of stock_locks now, and before when asked for."""
+    from stock_locks.locks import Lock
+
+    sides = [("after (this tree)", Lock)]
+    if args.before:
+        sides.insert(0, (f"before ({args.before})", before_package().locks.Lock))
+    return sides
+
+
+# -- c. waits -----------------------------------------------------------------------
+
+
+def waits(server, args) -> list[str]:
+    """Overshoot of acquire(timeout) and takeover lateness, interleaved trials."""
+    trials = 6 if args.quick else 30
+    timeout = 0.05  # seconds, the wait asked for
+    lease = 0.2  # seconds, the dead holder's lease
+    client = client_for(server)
+    sides = _both(args)
+    overshoot: dict[str, list[float]] = {label: [] for label, _ in sides}
+    lateness: dict[str, list[float]] = {label: [] for label, _ in sides}
+    support.progress(f"waits: {trials} interleaved trials")
+    for trial in range(trials):
+        for label, lock_class in rotated(tuple(sides), trial):
+            client.flushall()
+            holder = lock_class("bench:wait", 30, redis=client)
+            holder.acquire()
+            waiter = lock_class("bench:wait", 30, redis=client)
+            start = time.perf_counter()
+            if waiter.acquire(timeout=timeout):
+                raise RuntimeError("a held lock was granted")
+            overshoot[label].append((time.perf_counter() - start - timeout) * 1000)
+
+            client.flushall()
+            dead = lock_class("bench:dead", lease, redis=client)
+            dead.acquire()
+            lease_end = time.perf_counter() + client.pttl(dead.keys.lock) / 1000
+            waiter = lock_class("bench:dead", 30, redis=client)
+            if not waiter.acquire(timeout=5):
+                raise RuntimeError("the dead holder's lock was not granted")
+            lateness[label].append((time.perf_counter() - lease_end) * 1000)
+    client.flushall()
+    client.close()
+    rows = []
+    for label, _ in sides:
+        for what, values in (
+            (f"acquire(timeout={timeout}) overshoot", overshoot[label]),
+            (f"takeover after a {lease} s lease end", lateness[label]),
+        ):
+            rows.append(
+                [
+                    label,
+                    what,
+                    f"{support.median(values):.1f}",
+                    f"{support.percentile(values, 90):.1f}",
+                    f"{max(values):.1f}",
+                ]
+            )
+    return [
+        f"c. Waits ending late: {trials} trials per side, sides interleaved (ms past the "
+        "deadline; takeover: past the lease end read from the server's PTTL, so within "
+        "~1 ms of the true end)",
+        "",
+        support.table(["stock_locks", "wait", "median ms", "p90 ms", "max ms"], rows),
+    ]
+
+
+# -- d. dashboard ------------------------------------------------------------------------
+
+
+def dashboard(server, args) -> list[str]:
+    """One lock-list refresh among ``--unrelated-keys`` unrelated keys, before and after."""
+    from stock_locks import dashboard as after_dashboard
+
+    client = client_for(server)
+    held = 20
+    sizes = [0, args.unrelated_keys]
+    sides = [("after (this tree)", after_dashboard)]
+    if args.before:
+        sides.insert(0, (f"before ({args.before})", before_package().dashboard))
+    lock_classes = dict(_both(args))
+    rows = []
+    repeats = 3 if args.quick else 10
+    for size in sizes:
+        client.flushall()
+        pipe = client.pipeline(transaction=False)
+        for n in range(size):
+            pipe.set(f"app:session:{n}", "x")
+            if n % 10_000 == 9_999:
+                pipe.execute()
+        pipe.execute()
+        for label, module in sides:
+            lock_class = lock_classes[label]
+            locks = [lock_class(f"order:{n}", 300, redis=client) for n in range(held)]
+            for lock in locks:
+                lock.acquire()
+            support.progress(f"dashboard: {label}, {size} unrelated keys")
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                page = module.lock_page(client=client)
+                times.append((time.perf_counter() - start) * 1000)
+            if page["total"] != held:
+                raise RuntimeError(f"{label}: listed {page['total']} locks, {held} held")
+            for lock in locks:
+                lock.release()
+            rows.append([label, f"{size:,}", held, f"{support.median(times):.2f}"])
+    client.flushall()
+    client.close()
+    return [
+        f"d. Dashboard lock list: one refresh (lock_page, first page read in detail), "
+        f"{held} held locks among N unrelated keys; median of {repeats}",
+        "",
+        support.table(["stock_locks", "unrelated keys", "held locks", "refresh ms"], rows),
+    ]
+
+
 # -- profile ------------------------------------------------------------------------
 
 
@@ -649,14 +827,25 @@ def header(client) -> list[str]:
 
 
 def main(argv: list[str]) -> str:
+    global UNCONTENDED
     args = parse_args(argv)
+    sections = set(args.only or "abcd")
     with support.private_redis() as server:
         support.setup_django(server.url)
+        if args.before:
+            load_before(args.before)
+            UNCONTENDED = (*UNCONTENDED, "stock_locks before")
         probe = server.client()
         lines = header(probe)
         probe.close()
-        lines += [""] + uncontended(server, args)
-        lines += [""] + contended(server, args)
+        if "a" in sections:
+            lines += [""] + uncontended(server, args)
+        if "b" in sections:
+            lines += [""] + contended(server, args)
+        if "c" in sections:
+            lines += [""] + waits(server, args)
+        if "d" in sections:
+            lines += [""] + dashboard(server, args)
         load = "/".join(f"{x:.1f}" for x in os.getloadavg())
         lines += ["", f"Load average (1/5/15 min) at the end: {load} (2 CPUs, shared machine)"]
         if args.profile:

@@ -47,6 +47,35 @@ def private_redis(*extra_args: str) -> Iterator[RedisServer]:
         server.cleanup()
 
 
+@contextmanager
+def private_redis_servers(count: int, *extra_args: str) -> Iterator[list[RedisServer]]:
+    """``count`` independent redis-servers of our own, each on a free port; all stopped
+    (by PID) and removed on exit, also when one of them fails to start."""
+    servers: list[RedisServer] = []
+    try:
+        for _ in range(count):
+            server = RedisServer(*extra_args)
+            servers.append(server)
+            server.start()
+        yield servers
+    finally:
+        for server in servers:
+            server.cleanup()
+
+
+def configure_stock_locks(**values: Any) -> Any:
+    """Override keys of Django's ``STOCK_LOCKS`` setting (e.g. ``BACKENDS``) through
+    ``override_settings``, so ``setting_changed`` reloads stock_locks' settings and
+    drops its backends; returns the override (``.disable()`` undoes it). Django must
+    be set up."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    override = override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, **values})
+    override.enable()
+    return override
+
+
 def redis_version(client: Any) -> str:
     return str(client.info("server")["redis_version"])
 
@@ -76,10 +105,14 @@ def setup_django(redis_url: str, database_url: str | None = None) -> None:
     if previous != redis_url:
         from django.core.cache import caches
 
+        from demo_shop.settings import redis_db
+
         settings.REDIS_URL = redis_url
-        settings.CACHES["default"]["LOCATION"] = redis_url
-        caches["default"].close()
-        del caches["default"]
+        settings.CACHES["stock_locks"]["LOCATION"] = redis_url
+        settings.CACHES["default"]["LOCATION"] = redis_db(redis_url, 1)
+        for alias in ("default", "stock_locks"):
+            caches[alias].close()
+            del caches[alias]
     if database_url and previous_db != database_url:
         import dj_database_url
         from django.db import connections

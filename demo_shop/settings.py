@@ -77,16 +77,35 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
+
+def redis_db(url: str, db: int) -> str:
+    """``url`` pointing at database ``db`` of the same server."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
+_REDIS_OPTIONS = {
+    "CLIENT_CLASS": "django_redis.client.DefaultClient",
+    "SOCKET_CONNECT_TIMEOUT": 2,  # seconds
+    "SOCKET_TIMEOUT": 5,  # seconds; lock waits are sliced to stay under it
+}
+
+# stock_locks gets a cache alias (and Redis database) of its own, so that
+# cache.clear() on Django's cache never deletes locks, reservations or the
+# delay queue (check stock_locks.W003).
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
-        "OPTIONS": {
-            "CLIENT_CLASS": "django_redis.client.DefaultClient",
-            "SOCKET_CONNECT_TIMEOUT": 2,  # seconds
-            "SOCKET_TIMEOUT": 5,  # seconds; lock waits are sliced to stay under it
-        },
-    }
+        "OPTIONS": _REDIS_OPTIONS,
+    },
+    "stock_locks": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": os.environ.get("STOCK_LOCKS_REDIS_URL") or redis_db(REDIS_URL, 1),
+        "OPTIONS": _REDIS_OPTIONS,
+    },
 }
 
 # Celery: Redis is the broker by default; beat drains the delay queues
@@ -98,8 +117,18 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Unpaid orders expire (and their stock returns) this many seconds after they are placed.
 ORDER_TTL = float(os.environ.get("ORDER_TTL", 15 * 60))
 
+# Which stock strategy sells what is the server's decision, never the client's.
+# SHOP_SKU_STRATEGIES maps a SKU to its strategy; every other SKU is sold by
+# SHOP_STRATEGY (unset: STOCK_LOCKS["STRATEGY"]). A cart mixing SKUs of two
+# strategies is refused with 400 (checked: shop.E001).
+SHOP_STRATEGY = os.environ.get("SHOP_STRATEGY") or None
+SHOP_SKU_STRATEGIES: dict[str, str] = {}
+# Demo only: let an order's body pick the strategy ({"strategy": "watch"}) so the
+# flash sale compares strategies over HTTP. `manage.py demo` turns it on for its
+# server; off, a body naming a strategy is a 400.
+SHOP_STRATEGY_FROM_REQUEST = os.environ.get("SHOP_STRATEGY_FROM_REQUEST") == "1"
+
 STOCK_LOCKS = {
-    "REDIS_ALIAS": "default",
     "KEY_PREFIX": "sl",
     "STOCK_MODEL": "shop.Product",
     "STOCK_SKU_FIELD": "sku",

@@ -3,6 +3,8 @@
 #
 #   scripts/setup.sh                 venv + deps, redis-server and chromium binaries, PostgreSQL -> .cache/env.sh
 #   scripts/setup.sh --no-services   venv + deps only (enough for lint)
+#   scripts/setup.sh --lowest        also .cache/venv-lowest: the lowest versions pyproject.toml
+#                                    allows (requirements-min.txt), for the second test run
 #
 # Environment:
 #   PYTHON=...             interpreter used to create .venv (default: python3)
@@ -17,8 +19,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 VPY="$VENV/bin/python"
-STAMP="$VENV/.stock_locks-install.sha256"
 CACHE="$ROOT/.cache"
+VENV_LOWEST="$CACHE/venv-lowest"
+STAMP_NAME=".stock_locks-install.sha256"
 ENV_FILE="$CACHE/env.sh"
 PG_DIR="$CACHE/pg"
 PG_DB="stock_locks"
@@ -33,7 +36,7 @@ die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 is_root() { [[ "$(id -u)" -eq 0 ]]; }
 
 usage() {
-    sed -n '2,14s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+    sed -n '2,16s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 }
 
 # --------------------------------------------------------------------------- apt
@@ -91,36 +94,37 @@ ensure_venv_module() {
     apt_install "python${minor}-venv"
 }
 
+# ensure_venv DIR: a virtualenv in DIR with a usable Python (recreated when broken).
 ensure_venv() {
-    if [[ -d "$VENV" ]] && ! python_ok "$VPY"; then
-        log "removing broken or outdated .venv"
-        rm -rf "$VENV"
+    local dir="$1"
+    if [[ -d "$dir" ]] && ! python_ok "$dir/bin/python"; then
+        log "removing broken or outdated ${dir#"$ROOT/"}"
+        rm -rf "$dir"
     fi
-    [[ -d "$VENV" ]] && return 0
+    [[ -d "$dir" ]] && return 0
     check_python
     ensure_venv_module
-    log "creating .venv with $("$PYTHON" -c 'import sys; print(sys.executable)')"
-    if ! "$PYTHON" -m venv "$VENV"; then
-        rm -rf "$VENV"
-        die "could not create .venv"
+    log "creating ${dir#"$ROOT/"} with $("$PYTHON" -c 'import sys; print(sys.executable)')"
+    if ! "$PYTHON" -m venv "$dir"; then
+        rm -rf "$dir"
+        die "could not create ${dir#"$ROOT/"}"
     fi
 }
 
-deps_hash() {
-    (cd "$ROOT" && sha256sum requirements.txt pyproject.toml && "$VPY" -V)
-}
-
+# ensure_deps DIR REQUIREMENTS TARGET: pip install -r REQUIREMENTS -e TARGET into DIR,
+# unless the same files were installed there with the same interpreter already.
 ensure_deps() {
-    local want
-    want="$(deps_hash)"
-    if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+    local dir="$1" requirements="$2" target="$3" want stamp="$1/$STAMP_NAME"
+    want="$(cd "$ROOT" && sha256sum "$requirements" pyproject.toml && "$dir/bin/python" -V \
+        && echo "$target")"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
         return 0
     fi
-    log "installing requirements.txt and the package (editable) into .venv"
-    rm -f "$STAMP"
-    (cd "$ROOT" && "$VPY" -m pip install -q --disable-pip-version-check -r requirements.txt -e .) \
-        || die "pip install failed (see the errors above)"
-    printf '%s\n' "$want" >"$STAMP"
+    log "installing $requirements and the package ($target, editable) into ${dir#"$ROOT/"}"
+    rm -f "$stamp"
+    (cd "$ROOT" && "$dir/bin/python" -m pip install -q --disable-pip-version-check \
+        -r "$requirements" -e "$target") || die "pip install failed (see the errors above)"
+    printf '%s\n' "$want" >"$stamp"
 }
 
 # --------------------------------------------------------------------------- redis
@@ -404,18 +408,23 @@ take_lock() {
 }
 
 main() {
-    local services=1
+    local services=1 lowest=0
     for arg in "$@"; do
         case "$arg" in
             --no-services) services=0 ;;
+            --lowest) lowest=1 ;;
             -h | --help) usage; exit 0 ;;
             *) die "unknown option: $arg (see --help)" ;;
         esac
     done
     cd "$ROOT"
     take_lock
-    ensure_venv
-    ensure_deps
+    ensure_venv "$VENV"
+    ensure_deps "$VENV" requirements.txt .
+    if [[ "$lowest" -eq 1 ]]; then
+        ensure_venv "$VENV_LOWEST"
+        ensure_deps "$VENV_LOWEST" requirements-min.txt ".[celery]"
+    fi
     [[ "$services" -eq 1 ]] || { log "venv ready (--no-services)"; return 0; }
     ensure_redis_binary
     ensure_chromium

@@ -1,21 +1,108 @@
 #!/usr/bin/env bash
-# Run the test suite: scripts/test.sh [pytest args...]
-# Sets up the venv and PostgreSQL (scripts/setup.sh), exports DATABASE_URL from
-# .cache/env.sh, then runs pytest. The tests start their own redis-server processes.
+# Run what CI runs: scripts/test.sh [pytest args...]
+#
+#   lint     ruff check, ruff format --check (the whole tree), mypy (stock_locks)
+#   newest   pytest in .venv: the newest releases requirements.txt allows (with hiredis)
+#   lowest   pytest in .cache/venv-lowest: the lowest versions pyproject.toml allows
+#            (requirements-min.txt; no hiredis), every test but the browser test
+#            (tests/test_dashboard_browser.py: no Playwright there) and the
+#            many-process proofs marked slow (their calls are the same as the rest's)
+#
+# Sets up both virtualenvs and PostgreSQL (scripts/setup.sh --lowest), exports
+# DATABASE_URL from .cache/env.sh; the tests start their own redis-server processes.
+# Every step runs even when an earlier one failed; the exit status is 1 if any failed.
+# Pytest args go to both pytest runs.
+#
+# Environment:
+#   STOCK_LOCKS_TEST_RUNS="lint newest lowest"   the steps to run (default: all three)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-bash scripts/setup.sh
+RUNS="${STOCK_LOCKS_TEST_RUNS:-lint newest lowest}"
+for run in $RUNS; do
+    case "$run" in
+        lint | newest | lowest) ;;
+        *) echo "[test] ERROR: unknown step '$run' in STOCK_LOCKS_TEST_RUNS (lint newest lowest)" >&2; exit 2 ;;
+    esac
+done
+wants() { [[ " $RUNS " == *" $1 "* ]]; }
+
+if wants lowest; then
+    bash scripts/setup.sh --lowest
+else
+    bash scripts/setup.sh
+fi
 # shellcheck source=/dev/null
 . .cache/env.sh
 
-# Not exec: pytest's "no tests collected" (exit 5) must fail the run.
-status=0
-.venv/bin/python -m pytest "$@" || status=$?
-if [[ "$status" -eq 5 ]]; then
-    echo "[test] ERROR: pytest collected no tests (exit 5); failing the run." >&2
-    exit 1
+SUMMARY=()
+FAILED=0
+
+# record STEP STATUS SECONDS [NOTE]
+record() {
+    local outcome="ok"
+    [[ "$2" -eq 0 ]] || { outcome="FAILED (exit $2)"; FAILED=1; }
+    SUMMARY+=("$(printf '%-7s %-18s %4ds  %s' "$1" "$outcome" "$3" "${4:-}")")
+}
+
+versions() {
+    "$1" - <<'PY'
+from importlib.metadata import PackageNotFoundError, version
+import platform
+
+def v(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "-"
+
+print(f"Python {platform.python_version()}, Django {v('Django')}, redis-py {v('redis')}, "
+      f"django-redis {v('django-redis')}, Celery {v('celery')}, hiredis {v('hiredis')}")
+PY
+}
+
+# pytest_run STEP PYTHON [args...]: pytest's "no tests collected" (exit 5) fails the step.
+pytest_run() {
+    local step="$1" py="$2" status=0 start="$SECONDS" about
+    shift 2
+    about="$(versions "$py")"
+    echo "[test] $step: $about"
+    "$py" -m pytest "$@" || status=$?
+    if [[ "$status" -eq 5 ]]; then
+        if [[ "$step" == lowest && "$#" -gt 3 ]]; then
+            # Only the browser test or slow tests were asked for: the newest step runs them.
+            echo "[test] lowest: none of the selected tests runs there (exit 5 ignored)."
+            status=0
+        else
+            echo "[test] ERROR: pytest collected no tests in the $step run (exit 5)." >&2
+        fi
+    fi
+    record "$step" "$status" "$((SECONDS - start))" "$about"
+}
+
+if wants lint; then
+    start="$SECONDS"
+    status=0
+    echo "[test] lint: ruff check, ruff format --check, mypy"
+    .venv/bin/ruff check . || status=$?
+    .venv/bin/ruff format --check . || status=$((status ? status : $?))
+    .venv/bin/mypy || status=$((status ? status : $?))
+    record lint "$status" "$((SECONDS - start))" "ruff check, ruff format --check, mypy stock_locks"
 fi
-exit "$status"
+
+if wants newest; then
+    pytest_run newest .venv/bin/python "$@"
+fi
+
+if wants lowest; then
+    # The lowest versions' run checks that the API stock_locks uses works there; the
+    # many-process proofs (marked slow) exercise the same calls and run in the newest step.
+    pytest_run lowest .cache/venv-lowest/bin/python --ignore=tests/test_dashboard_browser.py \
+        -m "not slow" "$@"
+fi
+
+echo "[test] summary:"
+printf '[test]   %s\n' "${SUMMARY[@]}"
+exit "$FAILED"

@@ -2,8 +2,9 @@
 
 Public API::
 
-    from stock_locks import Lock, Semaphore, FairSemaphore, DelayQueue
+    from stock_locks import Lock, RedLock, LockInfo, Semaphore, FairSemaphore, DelayQueue
     from stock_locks import locked, lock_model, limit_concurrency
+    from stock_locks.locks import inspect, force_release, release_held_by
 
 Importing this package loads no models and touches no settings; names are
 imported on first use.
@@ -17,13 +18,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .decorators import limit_concurrency, lock_model, locked
     from .delayqueue import DelayQueue
-    from .locks import Lock
+    from .locks import Lock, LockInfo, RedLock
     from .semaphores import FairSemaphore, Semaphore
 
 __all__ = [
     "DelayQueue",
     "FairSemaphore",
     "Lock",
+    "LockInfo",
+    "RedLock",
     "Semaphore",
     "limit_concurrency",
     "lock_model",
@@ -32,6 +35,8 @@ __all__ = [
 
 _WHERE = {
     "Lock": ".locks",
+    "LockInfo": ".locks",
+    "RedLock": ".locks",
     "Semaphore": ".semaphores",
     "FairSemaphore": ".semaphores",
     "DelayQueue": ".delayqueue",

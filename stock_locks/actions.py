@@ -2,25 +2,23 @@
 
 Every action names exactly what it displaces: a lock is force-released only
 if the token the operator confirmed still holds it (compare-and-delete, as
-any release), so a lock that changed hands meanwhile is left alone. A
-force-released holder that wakes up later is refused by fenced writes: the
-next grant's fence is newer than its own.
+any release, through the public ``stock_locks.locks.force_release``), so a
+lock that changed hands meanwhile is left alone. A force-released holder that
+wakes up later is refused by fenced writes: the next grant's fence is newer
+than its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from . import scripts
-from .conf import settings
-from .connection import get_redis
-from .dashboard import TOKEN_SHOWN, lock_holder
+from .dashboard import TOKEN_SHOWN
 from .delayqueue import DelayQueue
-from .keys import lock_keys, semaphore_keys
-from .locks import RELEASED, release_argv
+from .locks import LockInfo, force_release
 from .models import AuditEntry
-from .semaphores import semaphore_state
+from .semaphores import evict_holder, semaphore_state
 
 
 @dataclass
@@ -31,22 +29,22 @@ class Outcome:
 
 
 def force_release_lock(name: str, token: str) -> Outcome:
-    holder = lock_holder(name)
-    if holder is None or holder["token"] != token:
-        return Outcome(
-            False, f"lock {name!r} is no longer held by that holder; nothing released", holder
-        )
-    keys = lock_keys(name)
-    result = scripts.LOCK_RELEASE(
-        (keys.lock, keys.holder, keys.signal), release_argv(token, 1), client=get_redis()
-    )
-    if result != RELEASED:
-        return Outcome(
-            False, f"lock {name!r} changed hands meanwhile; nothing released", shown(holder)
-        )
+    displaced = force_release(name, token=token)
+    if displaced is None:
+        return Outcome(False, f"lock {name!r} is no longer held by that holder; nothing released")
     return Outcome(
-        True, f"lock {name!r} force-released (fence {holder.get('fence')})", shown(holder)
+        True, f"lock {name!r} force-released (fence {displaced.fence})", audit_record(displaced)
     )
+
+
+def audit_record(info: LockInfo) -> dict[str, Any]:
+    """A displaced lock holder as audit rows keep it: ``LockInfo.as_dict()`` with
+    the fence as text and the lease left as ``lease_remaining`` (as audit rows
+    always had them), the token shortened by :func:`shown`."""
+    record = info.as_dict()
+    record["fence"] = None if info.fence is None else str(info.fence)
+    record["lease_remaining"] = record.pop("remaining")
+    return cast(dict[str, Any], shown(record))
 
 
 def shown(holder: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -63,18 +61,10 @@ def semaphore_holder(name: str, holder_id: str) -> dict[str, Any] | None:
 
 
 def evict_semaphore_holder(name: str, holder_id: str) -> Outcome:
-    client = get_redis()
-    state = semaphore_state(name, redis=client)
-    holder = next((h for h in state["holders"] if h["identifier"] == holder_id), None)
+    holder = semaphore_holder(name, holder_id)
     if holder is None:
         return Outcome(False, f"semaphore {name!r} has no live holder {holder_id!r}")
-    keys = semaphore_keys(name)
-    argv = (holder_id, state["limit"] or 1, int(settings.WAKE_SIGNAL_TTL * 1000))
-    if client.exists(keys.ticket):  # a fair semaphore: wake the head of its queue
-        fair_keys = (keys.holders, keys.meta, keys.queue, keys.alive, keys.ticket, keys.wake_prefix)
-        scripts.FAIR_RELEASE(fair_keys, argv, client=client)
-    else:
-        scripts.SEM_RELEASE((keys.holders, keys.meta, keys.signal), argv, client=client)
+    evict_holder(name, holder_id)
     return Outcome(True, f"semaphore {name!r}: holder {holder_id[:8]} evicted", holder)
 
 
@@ -97,12 +87,12 @@ def reconcile_stock() -> Outcome:
     from .stock.reconcile import fix_drift, stock_report
 
     before = [row.as_dict() for row in stock_report() if row.drift]
-    closed, fixed = fix_drift()
+    settled, fixed = fix_drift()
     return Outcome(
         True,
-        f"reconciled: {len(fixed)} counter(s) set from the database, "
-        f"{len(closed)} orphan reservation record(s) closed",
-        {"drifting": before, "orphans": closed},
+        f"reconciled: {len(fixed)} counter(s) corrected from the database, "
+        f"{len(settled)} Redis reservation record(s) settled",
+        {"drifting": before, "settled": settled},
     )
 
 
@@ -115,7 +105,7 @@ def dead_letter(queue: str, item_id: str) -> dict[str, Any] | None:
 
 
 # action name -> (function, the request parameters it takes)
-ACTIONS = {
+ACTIONS: dict[str, tuple[Callable[..., Outcome], tuple[str, ...]]] = {
     "release_lock": (force_release_lock, ("name", "token")),
     "evict_holder": (evict_semaphore_holder, ("name", "holder")),
     "requeue": (requeue_dead_letter, ("queue", "id")),

@@ -9,7 +9,9 @@ its permissions, and its changelist is the dashboard page. URL names:
 
 from __future__ import annotations
 
+import math
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -64,13 +66,29 @@ class DashboardAdmin(ReadOnly, admin.ModelAdmin):
     # -- views ------------------------------------------------------------------
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """The whole page rendered on the server (complete without JavaScript);
+        its script (static/stock_locks/dashboard.js) then refreshes the tables
+        from the JSON view. Nothing inline, so a strict Content-Security-Policy
+        (``script-src 'self'; style-src 'self'``) lets it all run."""
         _require(request, VIEW_PERMISSION)
         search, page = _lock_query(request)
+        snapshot = dashboard.snapshot(search, page)
         context = {
             **self.admin_site.each_context(request),
             "title": "Locks, semaphores, delay queues and stock",
             "opts": self.model._meta,
-            "snapshot": dashboard.snapshot(search, page),
+            "snapshot": snapshot,
+            "semaphore_holders": [
+                {"semaphore": sem, "holder": holder}
+                for sem in snapshot["semaphores"]
+                for holder in sem["holders"]
+            ],
+            "dead_letters": [
+                {"queue": queue, "letter": letter}
+                for queue in snapshot["delay_queues"]
+                for letter in queue["dead_letters"]
+            ],
+            "pager": _pager(search, snapshot["locks"]),
             "search": search,
             "can_force": request.user.has_perm(FORCE_PERMISSION),
             "json_url": reverse("admin:stock_locks_dashboard_json"),
@@ -123,6 +141,25 @@ def _lock_query(request: HttpRequest) -> tuple[str, int]:
     except ValueError:
         page = 1
     return request.GET.get("q", "").strip()[:200], page
+
+
+def _pager(search: str, locks: dict[str, Any]) -> dict[str, Any] | None:
+    """Page N of M of the held locks, with the previous and next pages' query
+    strings (None for one page). The page's script builds the same."""
+    pages = max(1, math.ceil(locks["total"] / locks["page_size"]))
+    page = locks["page"]
+    if pages == 1 and page == 1:
+        return None
+
+    def query(number: int) -> str:
+        return urlencode({"q": search, "page": number} if search else {"page": number})
+
+    return {
+        "page": page,
+        "pages": pages,
+        "previous": query(min(page - 1, pages)) if page > 1 else None,
+        "next": query(page + 1) if page < pages else None,
+    }
 
 
 def _describe(action: str, params: dict[str, str]) -> tuple[str, dict | None, dict]:

@@ -8,5 +8,9 @@ class StockLocksConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks
+        from .delayqueue import discover_handlers
+        from .stock import expiry, sync  # noqa: F401  (expiry registers its handler)
 
         checks.register()
+        sync.connect_signals()  # the stock model's saves keep the Redis counters in line
+        discover_handlers()  # every installed app's delay_handlers module

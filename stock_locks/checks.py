@@ -15,7 +15,18 @@ E002 = "stock_locks.E002"  # that cache is not a django-redis backend
 E003 = "stock_locks.E003"  # a setting has an invalid value
 E004 = "stock_locks.E004"  # an unknown name in STOCK_LOCKS
 E005 = "stock_locks.E005"  # STOCK_MODEL or its fields do not exist
+E006 = "stock_locks.E006"  # the SKU field does not hold text
+E007 = "stock_locks.E007"  # the default strategy is "lock" and the stock model has no fence
+E008 = "stock_locks.E008"  # the Redis client has no socket (or connect) timeout
+E009 = "stock_locks.E009"  # a BACKENDS entry cannot be built
+E010 = "stock_locks.E010"  # something needs a capability its backend lacks
 W001 = "stock_locks.W001"  # Redis did not answer PING
+W002 = "stock_locks.W002"  # the "lock" strategy is registered, the stock model has no fence
+W003 = "stock_locks.W003"  # REDIS_ALIAS shares its Redis database with another cache alias
+W005 = "stock_locks.W005"  # SQLite without transaction_mode IMMEDIATE
+
+PING_TIMEOUT = 2  # seconds: the check never hangs on a Redis that does not answer
+TEXT_FIELDS = ("CharField", "TextField", "SlugField")
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -35,6 +46,17 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 f"STOCK_LOCKS['KEY_PREFIX'] must be a non-empty string without braces, "
                 f"got {prefix!r}.",
                 hint="Braces would move the cluster hash tag; use e.g. 'sl' or 'shop:sl'.",
+                id=E003,
+            )
+        )
+    max_hold = settings.LOCK_MAX_HOLD
+    if max_hold is not None and (
+        isinstance(max_hold, bool) or not isinstance(max_hold, int | float) or not max_hold > 0
+    ):
+        errors.append(
+            checks.Error(
+                "STOCK_LOCKS['LOCK_MAX_HOLD'] must be None or a positive number of seconds, "
+                f"got {max_hold!r}.",
                 id=E003,
             )
         )
@@ -74,7 +96,7 @@ def _check_stock_model() -> list[checks.CheckMessage]:
         model = apps.get_model(label)
     except (LookupError, ValueError) as exc:
         return [checks.Error(f"STOCK_LOCKS['STOCK_MODEL'] = {label!r}: {exc}", id=E005)]
-    errors = []
+    errors: list[checks.CheckMessage] = []
     for setting in ("STOCK_SKU_FIELD", "STOCK_QUANTITY_FIELD"):
         try:
             model._meta.get_field(getattr(settings, setting))
@@ -86,7 +108,107 @@ def _check_stock_model() -> list[checks.CheckMessage]:
                     id=E005,
                 )
             )
+    if errors:
+        return errors
+    sku_field = model._meta.get_field(settings.STOCK_SKU_FIELD)
+    if sku_field.get_internal_type() not in TEXT_FIELDS:
+        errors.append(
+            checks.Error(
+                f"STOCK_LOCKS['STOCK_SKU_FIELD'] = {settings.STOCK_SKU_FIELD!r} is a "
+                f"{sku_field.get_internal_type()}; SKUs are text (carts, Redis keys, order "
+                "lines), so every sale would fail as an unknown SKU.",
+                hint="Use a unique CharField for the SKU (e.g. a `code` column beside an "
+                "integer id).",
+                id=E006,
+            )
+        )
+    if "lock" in (settings.STRATEGIES or {}) and "fence" not in {
+        f.name for f in model._meta.get_fields()
+    }:
+        message = (
+            f"The 'lock' stock strategy writes fenced rows, and {label} has no `fence` "
+            "column: every reservation through it would fail."
+        )
+        hint = "Subclass stock_locks.fencing.FencedModel (and migrate), or remove 'lock' "
+        if settings.STRATEGY == "lock":
+            errors.append(checks.Error(message, hint=hint + "as STRATEGY.", id=E007))
+        else:
+            errors.append(checks.Warning(message, hint=hint + "from STRATEGIES.", id=W002))
+    errors.extend(_check_sqlite(model))
     return errors
+
+
+def _check_sqlite(model: Any) -> list[checks.CheckMessage]:
+    from django.db import connections, router
+
+    alias = router.db_for_write(model)
+    connection = connections[alias]
+    if connection.vendor != "sqlite":
+        return []
+    if (connection.settings_dict.get("OPTIONS") or {}).get("transaction_mode") == "IMMEDIATE":
+        return []
+    return [
+        checks.Warning(
+            f"DATABASES[{alias!r}] is SQLite with deferred transactions: concurrent "
+            "reservations fail with 'database is locked' (SQLite has no row locks, and a "
+            "deferred transaction cannot wait for the write lock it upgrades to).",
+            hint='Set DATABASES[...]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", '
+            '"timeout": 30} (Django >= 5.1), or use PostgreSQL for production.',
+            id=W005,
+        )
+    ]
+
+
+def check_backends(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every BACKENDS alias can be built (no connection is made), and the lock
+    strategy's backend is fenced."""
+    from .backends import aliases, get_backend
+    from .backends.base import FENCED
+
+    errors: list[checks.CheckMessage] = []
+    if not isinstance(settings.BACKENDS or {}, dict):
+        return [checks.Error("STOCK_LOCKS['BACKENDS'] must be a dict of aliases.", id=E009)]
+    built = {}
+    for alias in aliases():
+        try:
+            built[alias] = get_backend(alias)
+        except Exception as exc:  # a bad dotted path, LOCATION or option, whatever it raised
+            errors.append(
+                checks.Error(
+                    f"STOCK_LOCKS['BACKENDS'][{alias!r}] cannot be built: "
+                    f"{type(exc).__name__}: {exc}",
+                    hint="Check its BACKEND dotted path, LOCATION and OPTIONS "
+                    "(README: Growing past one Redis).",
+                    id=E009,
+                )
+            )
+    stock_alias = settings.STOCK_LOCK_BACKEND or "default"
+    if "lock" in (settings.STRATEGIES or {}) and settings.STOCK_MODEL:
+        backend = built.get(stock_alias)
+        if stock_alias not in built and stock_alias not in aliases():
+            errors.append(
+                checks.Error(
+                    f"STOCK_LOCKS['STOCK_LOCK_BACKEND'] is {stock_alias!r}, not an alias of "
+                    "STOCK_LOCKS['BACKENDS'].",
+                    id=E010,
+                )
+            )
+        elif backend is not None and not backend.has(FENCED):
+            errors.append(
+                checks.Error(
+                    f"The 'lock' stock strategy needs fenced locks, and backend "
+                    f"{stock_alias!r} ({type(backend).__name__}) is not fenced.",
+                    hint="Point STOCK_LOCKS['STOCK_LOCK_BACKEND'] at a fenced backend, or "
+                    "remove 'lock' from STRATEGIES.",
+                    id=E010,
+                )
+            )
+    return errors
+
+
+def _default_backend_has_location() -> bool:
+    entry = (settings.BACKENDS or {}).get("default")
+    return isinstance(entry, dict) and bool(entry.get("LOCATION"))
 
 
 def check_redis(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -95,6 +217,8 @@ def check_redis(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
 
     from .connection import get_redis
 
+    if _default_backend_has_location():
+        return []  # the default backend names its Redis itself: CACHES is not involved
     alias = settings.REDIS_ALIAS
     if alias not in getattr(django_settings, "CACHES", {}):
         return [
@@ -114,8 +238,36 @@ def check_redis(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
                 id=E002,
             )
         ]
+    shared = _sharing_aliases(alias, django_settings.CACHES)
+    if shared:
+        where = (
+            "is Django's default cache"
+            if alias == "default"
+            else f"shares its Redis database with cache alias(es) {', '.join(map(repr, shared))}"
+        )
+        return [
+            checks.Warning(
+                f"STOCK_LOCKS['REDIS_ALIAS'] {alias!r} {where}: cache.clear() (common in "
+                "tests and deploy scripts) deletes held locks, reservations and the delay queue.",
+                hint="Give stock_locks a cache alias of its own on another Redis database "
+                "(e.g. LOCATION 'redis://host:6379/1'), and set REDIS_ALIAS to it.",
+                id=W003,
+            )
+        ]
+    connect_timeout, socket_timeout = _timeouts(client)
+    if not socket_timeout or not connect_timeout:
+        return [
+            checks.Error(
+                f"CACHES[{alias!r}] has no socket timeout or no connect timeout: a Redis "
+                "that accepts connections and never answers would hang every request "
+                "(and manage.py commands) instead of failing with HTTP 503.",
+                hint=f'Set CACHES[{alias!r}]["OPTIONS"] "SOCKET_CONNECT_TIMEOUT": 2 and '
+                '"SOCKET_TIMEOUT": 5 (seconds).',
+                id=E008,
+            )
+        ]
     try:
-        client.ping()
+        _ping(client)
     except RedisError as exc:
         return [
             checks.Warning(
@@ -127,6 +279,52 @@ def check_redis(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
     return []
 
 
+def _sharing_aliases(alias: str, caches: dict[str, Any]) -> list[str]:
+    """Other django-redis aliases whose LOCATION is the same server and database."""
+
+    def places(config: dict[str, Any]) -> set[str]:
+        if "django_redis" not in str(config.get("BACKEND", "")):
+            return set()
+        location = config.get("LOCATION") or []
+        urls = location.split(",") if isinstance(location, str) else list(location)
+        return {_normalized(url) for url in urls}
+
+    if alias == "default":
+        return ["default"]
+    ours = places(caches[alias])
+    return [other for other in caches if other != alias and places(caches[other]) & ours]
+
+
+def _normalized(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.strip())
+    db = parts.path.strip("/") or "0"
+    return f"{parts.hostname}:{parts.port or 6379}/{db}"
+
+
+def _timeouts(client: Any) -> tuple[float | None, float | None]:
+    """(connect, socket) timeouts the client's connections get, read without connecting."""
+    pool = client.connection_pool
+    connection = pool.connection_class(**pool.connection_kwargs)
+    return connection.socket_connect_timeout, connection.socket_timeout
+
+
+def _ping(client: Any) -> None:
+    """PING on a connection of its own whose timeouts are at most PING_TIMEOUT."""
+    pool = client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        kwargs[name] = min(kwargs.get(name) or PING_TIMEOUT, PING_TIMEOUT)
+    connection = pool.connection_class(**kwargs)
+    try:
+        connection.send_command("PING")
+        connection.read_response()
+    finally:
+        connection.disconnect()
+
+
 def register() -> None:
     checks.register(check_settings, TAG)
+    checks.register(check_backends, TAG)
     checks.register(check_redis, TAG)

@@ -19,15 +19,29 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
 SETTINGS_NAME = "STOCK_LOCKS"
+DEDICATED_ALIAS = "stock_locks"  # the cache alias REDIS_ALIAS picks by default
 
 DEFAULTS: dict[str, Any] = {
-    # The django-redis cache alias whose client stock_locks uses.
-    "REDIS_ALIAS": "default",
+    # The django-redis cache alias whose client stock_locks uses. None (the
+    # default): the alias "stock_locks" when CACHES has it, else "default". Give
+    # stock_locks an alias of its own on its own Redis database (check W003).
+    "REDIS_ALIAS": None,
+    # Coordinators by alias, like CACHES: {"alias": {"BACKEND": dotted path,
+    # "LOCATION": ..., "OPTIONS": {...}}}. "default" need not be listed: it is
+    # then the Redis of REDIS_ALIAS. Locks, decorators and tools take backend=
+    # an alias (stock_locks.backends).
+    "BACKENDS": {},
+    # The BACKENDS alias stock_locks.RedLock uses by default.
+    "REDLOCK_BACKEND": "redlock",
     # First part of every Redis key stock_locks writes. Must not contain braces
     # (the hash tag that keeps a script's keys in one cluster slot follows it).
     "KEY_PREFIX": "sl",
     # Default lock lease, seconds.
     "LOCK_TTL": 30,
+    # Default max_hold of watchdog locks: the longest the watchdog keeps one
+    # renewed from its grant, seconds (None: no cap). Locks without a watchdog
+    # are not affected; Lock(..., max_hold=math.inf) opts one out.
+    "LOCK_MAX_HOLD": None,
     # How long a decorated function waits for its lock by default, seconds.
     "DECORATOR_TIMEOUT": 10,
     # HTTP status a decorated view answers when its lock is not granted in time.
@@ -40,6 +54,12 @@ DEFAULTS: dict[str, Any] = {
     "REPLICA_TIMEOUT": 0.1,
     # How long a release's wake-up signal waits for a waiter to pick it up, seconds.
     "WAKE_SIGNAL_TTL": 2,
+    # How long a lock name's fencing counter is kept after its last grant,
+    # seconds (default one day). Safe at any value above the largest backwards
+    # step of the Redis server's clock: every fence is at least that clock in
+    # microseconds, so once the counter has expired (judged by the same clock),
+    # the next grant's fence is already above every fence granted before.
+    "FENCE_RETENTION": 86400,
     # The project's model that holds stock ("app_label.ModelName"), its SKU
     # field (unique) and its quantity field (units left to sell).
     "STOCK_MODEL": None,
@@ -65,7 +85,19 @@ DEFAULTS: dict[str, Any] = {
     # base of its jittered exponential backoff between them, seconds.
     "WATCH_ATTEMPTS": 50,
     "WATCH_BACKOFF": 0.001,
-    # The lock strategy: lease and wait of each per-SKU lock, seconds.
+    # Reservations made with a ttl: the delay queue their expiry items go to (it
+    # must be one of DELAY_QUEUES). The sweeper (Celery beat, every SWEEP_INTERVAL
+    # seconds) expires reservations overdue by more than SWEEP_GRACE seconds that
+    # the queue lost, at most SWEEP_BATCH per run, and gives back the units of a
+    # Redis reservation record that has no database row after ORPHAN_GRACE seconds.
+    "RESERVATION_QUEUE": "default",
+    "SWEEP_INTERVAL": 30,
+    "SWEEP_GRACE": 30,
+    "SWEEP_BATCH": 500,
+    "ORPHAN_GRACE": 60,
+    # The lock strategy: the backend alias of its per-SKU locks (None: "default";
+    # it must be fenced), and the lease and wait of each lock, seconds.
+    "STOCK_LOCK_BACKEND": None,
     "STOCK_LOCK_TTL": 10,
     "STOCK_LOCK_TIMEOUT": 10,
     # Semaphores: default lease of a permit, seconds; how long a decorated
@@ -73,6 +105,12 @@ DEFAULTS: dict[str, Any] = {
     "SEMAPHORE_TTL": 30,
     "SEMAPHORE_TIMEOUT": 10,
     "SEMAPHORE_TIMEOUT_STATUS": 429,
+    # A fair semaphore's waiter keeps its place this long past its planned next
+    # try (and a wake-up sent to it lasts this long), seconds. A waiter that dies
+    # holds up those behind it for at most this long after its planned try; a
+    # live one that comes back later than this queues again at the end. Every
+    # process using a fair semaphore must use the same value.
+    "FAIR_QUEUE_GRACE": 2,
     # Delay queues drained by the Celery task (names), how often beat runs it
     # (seconds), how many items one claim takes, how long a claimed item stays
     # invisible to other drainers (seconds) and how many deliveries it gets
@@ -82,6 +120,9 @@ DEFAULTS: dict[str, Any] = {
     "DELAY_QUEUE_BATCH": 500,
     "DELAY_QUEUE_VISIBILITY": 30,
     "DELAY_QUEUE_MAX_ATTEMPTS": 5,
+    # The module of each installed app that holds its delay-queue handlers
+    # (@stock_locks.delayqueue.handler); imported when Django is ready. "" = off.
+    "DELAY_QUEUE_HANDLERS_MODULE": "delay_handlers",
 }
 
 
@@ -100,6 +141,9 @@ class StockLocksSettings:
         if attr not in self.defaults:
             raise AttributeError(f"Invalid stock_locks setting: {attr!r}")
         value = self.user_settings.get(attr, self.defaults[attr])
+        if attr == "REDIS_ALIAS" and value is None:
+            caches = getattr(django_settings, "CACHES", {}) or {}
+            value = DEDICATED_ALIAS if DEDICATED_ALIAS in caches else "default"
         self._cached.add(attr)
         setattr(self, attr, value)
         return value
@@ -112,13 +156,28 @@ class StockLocksSettings:
         for attr in self._cached:
             delattr(self, attr)
         self._cached.clear()
+        self._key_prefix = None
+
+    _key_prefix: str | None = None
+
+    def key_prefix(self) -> str:
+        """The first part of every Redis key: ``KEY_PREFIX``, behind the django-redis
+        cache's own ``KEY_PREFIX`` when the alias has one (``"<cache prefix>:sl"``), so
+        environments that share a Redis database by cache prefix share no stock_locks
+        key either. The cache's ``VERSION`` is not used: versions invalidate cached
+        values, and held locks and reservations must never be orphaned by a bump."""
+        if self._key_prefix is None:
+            caches = getattr(django_settings, "CACHES", {}) or {}
+            outer = (caches.get(self.REDIS_ALIAS) or {}).get("KEY_PREFIX") or ""
+            self._key_prefix = f"{outer}:{self.KEY_PREFIX}" if outer else self.KEY_PREFIX
+        return self._key_prefix
 
 
 settings = StockLocksSettings(DEFAULTS)
 
 
 def _reload_settings(*, setting: str, **kwargs: Any) -> None:
-    if setting == SETTINGS_NAME:
+    if setting in (SETTINGS_NAME, "CACHES"):
         settings.reload()
 
 

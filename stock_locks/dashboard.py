@@ -1,10 +1,12 @@
 """What the admin dashboard shows, read from Redis and the database (no HTTP here).
 
-Everything is found with SCAN (a page of ``SCAN_COUNT`` keys per call, never
-KEYS), so the page stays quick with many thousands of locks held: all lock
-names are listed, sorted, and only one page of them is read in detail, in one
-pipelined round trip. Values are JSON-ready (times as ISO 8601 strings,
-durations in seconds).
+Held locks are read from the held-locks index the lock scripts keep (a sorted
+set of names scored by lease end; ``stock_locks.keys``), so listing them costs
+what the held locks are, not what the keyspace is: all names are read in one
+round trip, sorted, and only one page of them is read in detail, in one
+pipelined round trip. Semaphores and delay queues are found with SCAN (a page
+of ``SCAN_COUNT`` keys per call, never KEYS). Values are JSON-ready (times as
+ISO 8601 strings, durations in seconds).
 """
 
 from __future__ import annotations
@@ -13,11 +15,19 @@ import datetime as dt
 from typing import Any
 
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from .conf import settings
-from .connection import get_redis
+from .connection import get_redis, is_cluster, refresh_slot_map
 from .delayqueue import DelayQueue
-from .keys import lock_keys, lock_scan_pattern, semaphore_scan_pattern
+from .keys import (
+    SLOTS,
+    lock_index_key,
+    lock_keys,
+    lock_name_of,
+    semaphore_scan_pattern,
+    unescape_name,
+)
 from .semaphores import semaphore_state
 
 SCAN_COUNT = 1000  # keys Redis looks at per SCAN call
@@ -25,6 +35,7 @@ PAGE_SIZE = 100  # locks (and semaphores) read in detail per page
 DEAD_LETTERS_SHOWN = 20
 STOCK_ROWS_SHOWN = 200
 TOKEN_SHOWN = 8  # characters of a holder's token the page shows
+CLUSTER_INDEX_CHUNK = 1024  # per-slot index keys read by one script call on a cluster
 
 
 def _text(value: Any) -> Any:
@@ -37,38 +48,111 @@ def _iso_ms(ms: Any) -> str | None:
     return dt.datetime.fromtimestamp(int(ms) / 1000, tz=dt.UTC).isoformat()
 
 
-def _glob_escape(text: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
 def _scan_names(client: Any, pattern: str, head: str) -> list[str]:
     names = set()
     for key in client.scan_iter(match=pattern, count=SCAN_COUNT):
         key = _text(key)
         if key.startswith(head) and key.endswith("}"):
-            names.add(key[len(head) : -1])
+            names.add(unescape_name(key[len(head) : -1]))
     return sorted(names)
+
+
+# On a cluster: read the held-locks index of every slot a node serves, in one
+# script per node. The index keys (of many slots, all on that node) come as
+# ARGV: declared KEYS must share one slot, undeclared ones may span slots with
+# the allow-cross-slot-keys flag (Redis >= 7.0).
+_CLUSTER_INDEX_READ = """#!lua flags=no-writes,allow-cross-slot-keys
+local out = {}
+for i = 1, #ARGV do
+  local found = redis.call('ZRANGE', ARGV[i], 0, -1, 'WITHSCORES')
+  for j = 1, #found do out[#out + 1] = found[j] end
+end
+return out
+"""
+
+
+def held_lock_names(client: Any) -> list[str]:
+    """Names of the locks held now (lease not ended on the Redis clock), sorted.
+
+    One round trip on a single server (the index and TIME, pipelined); on a
+    cluster one script per node over the per-slot indexes it serves.
+    """
+    if is_cluster(client):
+        seconds, micros = client.time()
+        pairs = _cluster_index_entries(client)
+    else:
+        pipe = client.pipeline(transaction=False)
+        pipe.time()
+        pipe.zrange(lock_index_key(), 0, -1, withscores=True)
+        (seconds, micros), pairs = pipe.execute()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    names = {lock_name_of(_text(key)) for key, lease_end in pairs if float(lease_end) > now_ms}
+    names.discard(None)
+    return sorted(names)  # type: ignore[arg-type]  # None was discarded
+
+
+_index_keys_cache: dict[str, list[str]] = {}
+
+
+def _all_index_keys() -> list[str]:
+    """The held-locks index key of every cluster slot, in slot order (cached per prefix)."""
+    keys = _index_keys_cache.get(settings.key_prefix())
+    if keys is None:
+        keys = _index_keys_cache[settings.key_prefix()] = [lock_index_key(s) for s in range(SLOTS)]
+    return keys
+
+
+def _cluster_index_entries(client: Any) -> list[tuple[Any, float]]:
+    """Every (lock key, lease end) of every slot's index. The nodes are those of the
+    client's slot map: when one no longer serves a slot it is asked for (a failover
+    moved it) or cannot be reached, the map is read again and the whole read done
+    once more; a second failure raises."""
+    for attempt in range(2):
+        try:
+            return _read_cluster_indexes(client)
+        except RedisError:
+            refresh_slot_map(client)
+            if attempt:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _read_cluster_indexes(client: Any) -> list[tuple[Any, float]]:
+    slots = client.nodes_manager.slots_cache  # slot -> [primary, replicas...]
+    keys_by_node: dict[str, tuple[Any, list[str]]] = {}
+    for slot, key in enumerate(_all_index_keys()):
+        node = slots[slot][0]
+        keys_by_node.setdefault(node.name, (node, []))[1].append(key)
+    pairs: list[tuple[Any, float]] = []
+    for node, keys in keys_by_node.values():
+        # Cut in chunks, so that no one script call holds the node up for long.
+        pipe = client.get_redis_connection(node).pipeline(transaction=False)
+        for start in range(0, len(keys), CLUSTER_INDEX_CHUNK):
+            pipe.eval(_CLUSTER_INDEX_READ, 0, *keys[start : start + CLUSTER_INDEX_CHUNK])
+        for flat in pipe.execute():
+            pairs.extend(zip(flat[::2], flat[1::2], strict=True))
+    return pairs
 
 
 def lock_page(search: str = "", page: int = 1, client: Any = None) -> dict[str, Any]:
     """Held locks whose name contains ``search``: the total and one page, by name."""
     client = client or get_redis()
-    pattern = lock_scan_pattern()
+    names = held_lock_names(client)
     if search:
-        pattern = pattern[:-2] + f"*{_glob_escape(search)}*" + "}"
-    names = _scan_names(client, pattern, lock_scan_pattern()[:-2])
+        names = [name for name in names if search in name]
+    cluster = is_cluster(client)
     page = max(1, page)
     shown = names[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
     pipe = client.pipeline(transaction=False)
     for name in shown:
-        keys = lock_keys(name)
+        keys = lock_keys(name, cluster=cluster)
         pipe.hgetall(keys.holder)
         pipe.pttl(keys.lock)
     replies = pipe.execute()
     rows = []
     for name, holder, pttl in zip(shown, replies[::2], replies[1::2], strict=True):
         if pttl == -2:
-            continue  # released between SCAN and now
+            continue  # released between the index read and now
         info = {_text(k): _text(v) for k, v in holder.items()}
         rows.append(
             {
@@ -91,7 +175,7 @@ def lock_page(search: str = "", page: int = 1, client: Any = None) -> dict[str, 
 def lock_holder(name: str, client: Any = None) -> dict[str, Any] | None:
     """The full holder record of one lock (token included), or None when free."""
     client = client or get_redis()
-    keys = lock_keys(name)
+    keys = lock_keys(name, cluster=is_cluster(client))
     pipe = client.pipeline(transaction=False)
     pipe.get(keys.lock)
     pipe.hgetall(keys.holder)
@@ -135,10 +219,10 @@ def delay_queues(client: Any = None) -> list[dict[str, Any]]:
     """Stats and the oldest dead letters of each configured or discovered queue."""
     client = client or get_redis()
     names = set(settings.DELAY_QUEUES)
-    head = f"{settings.KEY_PREFIX}:dq:{{"
+    head = f"{settings.key_prefix()}:dq:{{"
     for key in client.scan_iter(match=f"{head}*}}:items", count=SCAN_COUNT):
         key = _text(key)
-        names.add(key[len(head) : -len("}:items")])
+        names.add(unescape_name(key[len(head) : -len("}:items")]))
     rows = []
     for name in sorted(names):
         queue = DelayQueue(name, redis=client)

@@ -14,32 +14,40 @@ The lock or semaphore name is formatted from the call's bound arguments
 (a function whose first or second argument is an ``HttpRequest``) that does not
 get its lock in time answers HTTP 423 with ``{"error": "locked", "lock": ...}``
 (no permit: 429 with ``{"error": "too_many", "semaphore": ...}``), and 503 when
-Redis is unreachable; anything else raises :class:`LockTimeout` or
-:class:`RedisUnavailable`. Put these decorators below Celery's ``@app.task``.
+the backend (Redis) is unreachable; anything else raises :class:`LockTimeout` or
+:class:`~stock_locks.exceptions.BackendUnavailable` (``RedisUnavailable`` for Redis).
+Put these decorators below Celery's ``@app.task``.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import math
 import string
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .backends.base import Backend
 from .conf import settings
-from .exceptions import LockError, LockTimeout, RedisUnavailable
+from .exceptions import BackendUnavailable, LockError, LockTimeout, StaleFencingToken
 from .locks import Lock, seconds_to_ms
 from .semaphores import FairSemaphore, Semaphore, check_limit, check_timeout
+
+if TYPE_CHECKING:
+    from django.db.models import Model
 
 F = TypeVar("F", bound=Callable[..., Any])
 LockedResponse = Callable[[HttpRequest, str], HttpResponse]
 
-_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
+_release_logs = {
+    "lock": logging.getLogger("stock_locks.lock.release"),
+    "semaphore": logging.getLogger("stock_locks.semaphore.release"),
+}
 
 
 def locked_response(request: HttpRequest, lock_name: str) -> HttpResponse:
@@ -79,6 +87,25 @@ def too_many_response(request: HttpRequest, semaphore_name: str, limit: int) -> 
     )
 
 
+def stale_fence_response(
+    request: HttpRequest, name: str, exc: StaleFencingToken, *, kind: str = "lock"
+) -> HttpResponse:
+    """The answer of a view whose fenced write was refused: a newer holder wrote first."""
+    return JsonResponse(
+        {
+            "error": "stale_fence",
+            kind: name,
+            "fence": exc.fence,
+            "current": exc.current,
+            "message": (
+                f"a newer holder of {name} has written since this request took it; "
+                "nothing was written by this request, try again"
+            ),
+        },
+        status=409,
+    )
+
+
 def locked(
     key: str,
     ttl: float | None = None,
@@ -87,6 +114,8 @@ def locked(
     blocking: bool = True,
     reentrant: bool = False,
     watchdog: bool = False,
+    max_hold: float | None = None,
+    backend: Backend | str | None = None,
     response: LockedResponse | None = None,
 ) -> Callable[[F], F]:
     """Run the decorated callable while holding the lock named by ``key``.
@@ -98,22 +127,32 @@ def locked(
         ttl: the lease in seconds (default ``STOCK_LOCKS["LOCK_TTL"]``).
         timeout: how long to wait for the lock, seconds (default
             ``STOCK_LOCKS["DECORATOR_TIMEOUT"]``; ``math.inf`` waits forever).
-        blocking, reentrant, watchdog: as for :class:`stock_locks.Lock`.
+        blocking, reentrant, watchdog, max_hold: as for :class:`stock_locks.Lock`
+            (``max_hold`` without ``watchdog=True`` raises :class:`LockError`
+            at decoration time). A call still running when ``max_hold`` ends
+            loses the lock; its release then logs a WARNING and its result or
+            exception stands.
+        backend: the backend alias (or object) the lock lives on (default
+            ``"default"``), as for :class:`stock_locks.Lock`.
         response: for views, ``response(request, lock_name)`` builds the answer
             when the lock is not granted (default: 423 JSON).
     """
     fields = _template_fields(key, "lock key")
+    _check_max_hold(max_hold, watchdog, key)
 
     def decorate(func: F) -> F:
         signature = _check_names(func, fields, f"lock key {key!r}")
         build = _formatter(key, "lock key")
-        return _wrap(func, signature, build, ttl, timeout, blocking, reentrant, watchdog, response)
+        return _wrap(
+            func, signature, build, ttl, timeout, blocking, reentrant, watchdog, max_hold,
+            backend, response,
+        )  # fmt: skip
 
     return decorate
 
 
 def lock_model(
-    model: type,
+    model: type[Model],
     kwarg: str = "pk",
     ttl: float | None = None,
     timeout: float | None = None,
@@ -126,6 +165,7 @@ def lock_model(
     those of :func:`locked`.
     """
     label = f"{model._meta.app_label}.{model._meta.model_name}"
+    _check_max_hold(options.get("max_hold"), options.get("watchdog", False), label)
 
     def decorate(func: F) -> F:
         signature = _check_names(func, {kwarg}, f"lock_model({model.__name__}, kwarg={kwarg!r})")
@@ -148,6 +188,7 @@ def limit_concurrency(
     timeout: float | None = None,
     *,
     fair: bool = False,
+    backend: Backend | str | None = None,
     response: Callable[[HttpRequest, str, int], HttpResponse] | None = None,
 ) -> Callable[[F], F]:
     """Run the decorated callable holding one of ``limit`` permits of a semaphore.
@@ -165,12 +206,14 @@ def limit_concurrency(
             ``STOCK_LOCKS["SEMAPHORE_TIMEOUT"]``; ``0`` tries once,
             ``math.inf`` waits forever).
         fair: admit waiting calls in arrival order (:class:`FairSemaphore`).
+        backend: the backend alias (or object) of the semaphore (default
+            ``"default"``).
         response: for views, ``response(request, name, limit)`` builds the
             answer when no permit is granted (default: JSON with status
             ``STOCK_LOCKS["SEMAPHORE_TIMEOUT_STATUS"]``, 429, and Retry-After).
 
     Views answer that response, or 503 when Redis is down; anything else
-    raises :class:`LockTimeout` or :class:`RedisUnavailable`.
+    raises :class:`LockTimeout` or :class:`BackendUnavailable`.
     """
     fields = _template_fields(name, "semaphore name")
     check_limit(limit, name)
@@ -188,8 +231,9 @@ def limit_concurrency(
         def make(args: tuple, kwargs: dict) -> Semaphore:
             wait = settings.SEMAPHORE_TIMEOUT if timeout is None else timeout
             return kind(
-                build(_arguments(signature, args, kwargs)), limit, ttl, timeout=wait, caller=caller
-            )
+                build(_arguments(signature, args, kwargs)), limit, ttl, timeout=wait,
+                backend=backend, caller=caller,
+            )  # fmt: skip
 
         return _guard(
             func,
@@ -199,6 +243,15 @@ def limit_concurrency(
         )
 
     return decorate
+
+
+def _check_max_hold(max_hold: object, watchdog: object, name: str) -> None:
+    if max_hold is None:
+        return
+    if watchdog is not True:
+        raise LockError(f"{name!r}: max_hold caps the watchdog's renewals; it needs watchdog=True")
+    if not (isinstance(max_hold, float) and max_hold == math.inf):
+        seconds_to_ms(max_hold, "max_hold", name)
 
 
 def _template_fields(template: str, what: str) -> set[str]:
@@ -225,8 +278,21 @@ def _formatter(template: str, what: str) -> Callable[[Mapping[str, Any]], str]:
     return build
 
 
+def _signature(func: Callable) -> inspect.Signature:
+    """The signature the decorated callable is called with.
+
+    ``method_decorator`` hands the decorator a ``functools.partial`` of the
+    method bound to the view, with ``__wrapped__`` pointing at the plain
+    function: following that would put ``self`` back in first place and bind
+    the request to it, so a partial's own signature is used.
+    """
+    if isinstance(func, functools.partial):
+        return inspect.signature(func, follow_wrapped=False)
+    return inspect.signature(func)
+
+
 def _check_names(func: Callable, fields: set[str], what: str) -> inspect.Signature:
-    signature = inspect.signature(func)
+    signature = _signature(func)
     params = signature.parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return signature  # names may arrive in **kwargs: checked at call time
@@ -272,6 +338,8 @@ def _wrap(
     blocking: bool = True,
     reentrant: bool = False,
     watchdog: bool = False,
+    max_hold: float | None = None,
+    backend: Backend | str | None = None,
     response: LockedResponse | None = None,
 ) -> F:
     caller = _caller(func)
@@ -284,7 +352,7 @@ def _wrap(
         wait = settings.DECORATOR_TIMEOUT if timeout is None else timeout
         return Lock(
             name, ttl, timeout=wait, blocking=blocking, reentrant=reentrant,
-            watchdog=watchdog, caller=caller,
+            watchdog=watchdog, max_hold=max_hold, backend=backend, caller=caller,
         )  # fmt: skip
 
     return _guard(func, make_lock, lambda request, lock: on_busy(request, lock.name), "lock")
@@ -304,9 +372,7 @@ def _guard(
         if exc is not None:
             if request is not None:
                 return unavailable_response(request, guard.name, kind=kind)
-            raise RedisUnavailable(
-                f"Redis unreachable while taking {kind} {guard.name!r}: {exc}"
-            ) from exc
+            raise exc
         if request is not None:
             return on_busy(request, guard)
         if kind == "lock":
@@ -319,44 +385,77 @@ def _guard(
             timeout=guard.timeout,
         )
 
+    log = _release_logs[kind]
+
+    def release_failed(guard: Any, outcome: str, exc: Exception) -> None:
+        log.warning(
+            "%s %r: release failed after %s %s (%s: %s); the %s stands",
+            kind, guard.name, caller, outcome, type(exc).__name__, exc,
+            "result" if outcome == "returned" else "exception",
+        )  # fmt: skip
+
+    def stale(guard: Any, request: HttpRequest | None, exc: StaleFencingToken) -> Any:
+        if request is None:
+            raise exc
+        return stale_fence_response(request, guard.name, exc, kind=kind)
+
     if inspect.iscoroutinefunction(func):
         from asgiref.sync import sync_to_async
+
+        async def async_finish(guard: Any, exc_info: tuple) -> None:
+            outcome = "returned" if exc_info[0] is None else "raised"
+            try:
+                await sync_to_async(guard.__exit__, thread_sensitive=False)(*exc_info)
+            except Exception as exc:
+                release_failed(guard, outcome, exc)
 
         @functools.wraps(func)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             guard = make(args, kwargs)
             try:
                 granted = await sync_to_async(guard.acquire, thread_sensitive=False)()
-            except _REDIS_DOWN as exc:
+            except BackendUnavailable as exc:
                 return refused(guard, _find_request(args), exc)
             if not granted:
                 return refused(guard, _find_request(args), None)
-            exit_guard = sync_to_async(guard.__exit__, thread_sensitive=False)
             try:
                 result = await func(*args, **kwargs)
+            except StaleFencingToken as exc:
+                await async_finish(guard, sys.exc_info())
+                return stale(guard, _find_request(args), exc)
             except BaseException:
-                await exit_guard(*sys.exc_info())
+                await async_finish(guard, sys.exc_info())
                 raise
-            await exit_guard(None, None, None)
+            await async_finish(guard, (None, None, None))
             return result
 
         return async_wrapper  # type: ignore[return-value]
+
+    def finish(guard: Any, exc_info: tuple) -> None:
+        outcome = "returned" if exc_info[0] is None else "raised"
+        try:
+            guard.__exit__(*exc_info)
+        except Exception as exc:
+            release_failed(guard, outcome, exc)
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         guard = make(args, kwargs)
         try:
             granted = guard.acquire()
-        except _REDIS_DOWN as exc:
+        except BackendUnavailable as exc:
             return refused(guard, _find_request(args), exc)
         if not granted:
             return refused(guard, _find_request(args), None)
         try:
             result = func(*args, **kwargs)
+        except StaleFencingToken as exc:
+            finish(guard, sys.exc_info())
+            return stale(guard, _find_request(args), exc)
         except BaseException:
-            guard.__exit__(*sys.exc_info())
+            finish(guard, sys.exc_info())
             raise
-        guard.__exit__(None, None, None)
+        finish(guard, (None, None, None))
         return result
 
     return wrapper  # type: ignore[return-value]

@@ -19,6 +19,28 @@ item not acknowledged before its visibility timeout is due again, and after
 ``max_attempts`` deliveries it goes to the dead-letter set with its last
 error. Handlers must therefore be idempotent (by business id). Two drainers
 never get the same item while its visibility lasts.
+
+Where handlers live: a module named ``delay_handlers`` in any installed app
+(``STOCK_LOCKS["DELAY_QUEUE_HANDLERS_MODULE"]``). stock_locks imports it in
+every process when Django is ready, the way Celery finds ``tasks`` modules, so
+a Celery worker or ``run_delay_queue`` knows every handler before it drains.
+An item whose task has no handler (nor a Celery task of that name) is retried
+with the usual backoff, then dead-lettered: a deploy that briefly runs a
+drainer without the new handler loses nothing.
+
+Draining a batch (``drain``): finished items are acknowledged together when the
+batch ends. A batch is worked on for at most a quarter of the visibility
+timeout (``GIVE_BACK_SHARE``); after that, the items not yet started go back to
+the queue, due now, and the finished ones are acknowledged, by a helper thread
+if a handler is still running. So a handler that hangs holds up only its own
+item, which is delivered again when its visibility runs out, never the rest
+of its batch. Give one handler call well under the visibility timeout.
+
+Lost replies (the request ran, the answer never came back): ``schedule`` and
+``cancel`` of an item id are safe to call again (one copy, or none); a
+``claim`` whose reply was lost leaves its items in flight, unseen, and they are
+due again when their visibility runs out (that delivery is counted); ``ack``
+and ``release`` are safe to repeat, and ``drain`` repeats a failed ack itself.
 """
 
 from __future__ import annotations
@@ -27,15 +49,19 @@ import datetime as dt
 import json
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, cast
 
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import scripts
+from .backends.redis import run_batch
 from .conf import settings
-from .connection import blocking_cap, get_redis
+from .connection import REDIS_ERRORS, STALE_ROUTE_ERRORS, blocking_cap, get_redis
 from .exceptions import StockLocksError
 from .keys import delay_queue_keys
 
@@ -46,20 +72,42 @@ Handler = Callable[[Any], Any]
 HANDLERS: dict[str, Handler] = {}
 MAX_RETRY_DELAY = 300  # seconds between deliveries of a failing item, at most
 MAX_ID = 200  # characters
+# A batch is worked on for at most this share of its visibility timeout; then
+# its unstarted items go back to the queue and its finished ones are acknowledged.
+GIVE_BACK_SHARE = 0.25
+# How many times drain sends the end-of-batch ack (safe to repeat) when the
+# connection fails: a lost reply must not make a handled batch run again.
+SETTLE_ATTEMPTS = 3
+# The failures after which drain sends the ack again: a lost reply, a cluster mid-failover.
+SETTLE_RETRY_ERRORS: tuple[type[Exception], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    *STALE_ROUTE_ERRORS,
+)
 
 
 class InvalidSchedule(StockLocksError, ValueError):
     """A schedule call was malformed; nothing was scheduled."""
 
 
-@dataclass(frozen=True, slots=True)
-class Item:
-    """A claimed item: handle it, then ``ack`` (or ``fail``) it by id."""
+class MissingHandler(StockLocksError, LookupError):
+    """A claimed item's task has no handler and no Celery task in this process."""
+
+
+class Item(NamedTuple):
+    """A claimed item: handle it, then ``ack`` (or ``fail``, or ``release``) it.
+
+    Immutable. A named tuple rather than a frozen dataclass: a claim builds
+    hundreds per round trip, and this is the cheapest immutable record to build.
+    """
 
     id: str
     task: str
     payload: Any
     attempts: int  # deliveries so far, this one included
+    # When this delivery's visibility ends (epoch ms, Redis clock); it also
+    # identifies the delivery, for :meth:`DelayQueue.release`.
+    deadline_ms: int = 0
 
 
 @dataclass
@@ -68,6 +116,7 @@ class DrainResult:
     dispatched: int = 0  # sent to Celery
     failed: int = 0  # will be retried
     dead: int = 0  # went to the dead-letter set
+    released: int = 0  # given back unstarted (a batch ran long), due again now
     batches: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -88,8 +137,9 @@ class DelayQueue:
         max_attempts: deliveries before an item goes to the dead-letter set
             (default ``STOCK_LOCKS["DELAY_QUEUE_MAX_ATTEMPTS"]``, 5).
         visibility_timeout: seconds a claimed item stays invisible to other
-            drainers (default ``DELAY_QUEUE_VISIBILITY``, 30). Handling a
-            claimed batch must take less than this, or items are delivered again.
+            drainers (default ``DELAY_QUEUE_VISIBILITY``, 30). One handler call
+            must take well under this, or its item is delivered again; ``drain``
+            gives a batch's unstarted items back after ``GIVE_BACK_SHARE`` of it.
         redis: the client (default: django-redis's for ``REDIS_ALIAS``).
     """
 
@@ -120,6 +170,8 @@ class DelayQueue:
         self.redis = get_redis() if redis is None else redis
         k = self.keys
         self._all_keys = (k.due, k.items, k.attempts, k.errors, k.inflight, k.dead)
+        self._ack_keys = (k.inflight, k.items, k.attempts, k.errors)
+        self._release_keys = (k.due, k.inflight, k.attempts, k.signal)
 
     def __repr__(self) -> str:
         return f"<DelayQueue {self.name!r}>"
@@ -140,8 +192,10 @@ class DelayQueue:
         Due ``delay`` seconds from now by the Redis clock, or at ``eta`` (an
         aware datetime); with neither, due now. Scheduling an existing ``id``
         again replaces its payload and due time (never a second copy), even if
-        it is in flight or dead. One round trip. Raises :class:`InvalidSchedule`
-        for a bad argument, before any round trip.
+        it is in flight or dead. So with an ``id``, a call whose reply was lost
+        (``redis.ConnectionError`` or ``TimeoutError``) is safe to repeat;
+        without one, a repeat adds a second item. One round trip. Raises
+        :class:`InvalidSchedule` for a bad argument, before any round trip.
         """
         if not isinstance(task, str) or not task:
             raise InvalidSchedule(f"task must be a non-empty string, got {task!r}")
@@ -167,7 +221,12 @@ class DelayQueue:
         return item_id
 
     def cancel(self, id: str) -> bool:
-        """Remove the item wherever it is (due, in flight, dead). True if it existed."""
+        """Remove the item wherever it is (due, in flight, dead). True if it existed.
+
+        Safe to repeat: once any call has run, the item is gone. A repeat after a
+        lost reply answers False, the first call having removed it. An item already
+        handed to a handler is not stopped: make handlers check their business state.
+        """
         return bool(scripts.DELAY_REMOVE(self._all_keys, (_check_id(id),), client=self.redis))
 
     # -- consuming ---------------------------------------------------------------
@@ -179,7 +238,9 @@ class DelayQueue:
 
         Items whose visibility ran out are first made due again (or dead after
         ``max_attempts`` deliveries). Claimed items stay invisible for
-        ``visibility_timeout`` seconds (default: the queue's); ``ack`` them.
+        ``visibility_timeout`` seconds (default: the queue's); ``ack`` them, or
+        ``release`` those you will not handle. When the reply is lost, the items
+        stay in flight unseen and are due again once their visibility ends.
         """
         limit = settings.DELAY_QUEUE_BATCH if limit is None else limit
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -187,20 +248,35 @@ class DelayQueue:
         visibility = self.visibility_timeout if visibility_timeout is None else visibility_timeout
         argv = (limit, _ms(_positive(visibility, "visibility_timeout")), self.max_attempts)
         flat = scripts.DELAY_CLAIM(self._all_keys, argv, client=self.redis)
+        if not flat:
+            return []
+        deadline = int(flat[-1])
         items = []
-        for i in range(0, len(flat), 3):
+        for i in range(0, len(flat) - 1, 3):
             body = json.loads(flat[i + 1])
             item_id = flat[i].decode() if isinstance(flat[i], bytes) else flat[i]
-            items.append(Item(item_id, body["task"], body["payload"], int(flat[i + 2])))
+            items.append(Item(item_id, body["task"], body["payload"], int(flat[i + 2]), deadline))
         return items
 
     def ack(self, *ids: str) -> int:
-        """Forget handled items, in one round trip; how many were still in flight."""
+        """Forget handled items, in one round trip; how many were still in flight.
+
+        Safe to repeat (a lost reply): an id no longer in flight is skipped.
+        """
         if not ids:
             return 0
-        k = self.keys
-        keys = (k.inflight, k.items, k.attempts, k.errors)
-        return scripts.DELAY_ACK(keys, ids, client=self.redis)
+        return scripts.DELAY_ACK(self._ack_keys, ids, client=self.redis)
+
+    def release(self, *items: Item) -> int:
+        """Give claimed items you will not handle back to the queue, due now; one round trip.
+
+        The delivery is not counted. Only items still in flight under the claim
+        that returned them go back (not one another drainer claimed since its
+        visibility ran out), so a repeat changes nothing. Returns how many went back.
+        """
+        if not items:
+            return 0
+        return scripts.DELAY_RELEASE(self._release_keys, _release_argv(items), client=self.redis)
 
     def fail(self, id: str, error: str, *, delay: float | None = None) -> str:
         """Record a failed delivery: ``"retry"`` (due again after ``delay`` seconds,
@@ -212,9 +288,17 @@ class DelayQueue:
         """Move an in-flight item to the dead-letter set now, with ``error``."""
         return self._fail(id, error, 0, 0)
 
-    def _fail(self, id: str, error: str, delay: float | None, max_attempts: int) -> str:
+    def _fail(
+        self,
+        id: str,
+        error: str,
+        delay: float | None,
+        max_attempts: int,
+        attempts: int | None = None,
+    ) -> str:
         if delay is None:
-            attempts = int(self.redis.hget(self.keys.attempts, id) or 1)
+            if attempts is None:
+                attempts = int(self.redis.hget(self.keys.attempts, id) or 1)
             delay = min(2**attempts, MAX_RETRY_DELAY)
         k = self.keys
         keys = (k.due, k.attempts, k.errors, k.inflight, k.dead)
@@ -228,49 +312,110 @@ class DelayQueue:
         return handler(task)
 
     def drain(self, *, limit: int | None = None, max_batches: int = 50) -> DrainResult:
-        """Claim due items in batches and handle each; ack the batch in one round trip.
+        """Claim due items in batches and handle each; ack each batch in one round trip.
 
         An item is handled by the handler registered for its task, else sent to
-        the Celery task of that name; with neither, it goes to the dead-letter
-        set with a clear error. A handler that raises makes the item fail (it is
-        retried later, then buried). Stops when nothing is due, or after
-        ``max_batches`` batches.
+        the Celery task of that name. A handler that raises, or a task with
+        neither, makes the item fail: it is retried after a backoff, and
+        dead-lettered after ``max_attempts`` deliveries. Stops when nothing is
+        due, or after ``max_batches`` batches.
+
+        A batch is worked on for at most ``GIVE_BACK_SHARE`` of the visibility
+        timeout: then its unstarted items are given back (due now) and its
+        finished ones acknowledged, by a helper thread while a handler still
+        runs, so a hanging handler makes only its own item be delivered again.
+        Blocks while handlers run. Raises ``redis.RedisError`` when Redis fails
+        (an ack is first tried ``SETTLE_ATTEMPTS`` times); handled items not
+        acknowledged are delivered again.
         """
         result = DrainResult()
-        for _ in range(max_batches):
-            batch = self.claim(limit)
-            if not batch:
-                break
-            result.batches += 1
-            done = []
-            for item in batch:
-                outcome = self._handle(item, result)
-                if outcome:
-                    done.append(item.id)
-            self.ack(*done)
+        keeper: _Keeper | None = None
+        share = self.visibility_timeout * GIVE_BACK_SHARE
+        try:
+            for _ in range(max_batches):
+                started = time.monotonic()  # before the claim: its deadline is later
+                items = self.claim(limit)
+                if not items:
+                    break
+                result.batches += 1
+                batch = _Batch(items, started + share, started + self.visibility_timeout)
+                if keeper is None:
+                    keeper = _Keeper(self, share / 4)
+                keeper.batch = batch
+                try:
+                    self._work(batch, result)
+                except BaseException:
+                    keeper.batch = None
+                    self._settle(batch, result, quiet=True)
+                    raise
+                keeper.batch = None
+                self._settle(batch, result)
+        finally:
+            if keeper is not None:
+                keeper.close()
         return result
+
+    def _work(self, batch: _Batch, result: DrainResult) -> None:
+        pending, done, give_back_at = batch.pending, batch.done, batch.give_back_at
+        clock = time.monotonic
+        # The first item starts while the claim's visibility surely lasts (so a slow
+        # claim still makes progress), the others only before the give-back time.
+        # Taking items with popleft (atomic) races safely with the keeper's settle.
+        until = batch.visible_until
+        while pending and clock() < until:
+            try:
+                item = pending.popleft()
+            except IndexError:  # the keeper gave the rest back
+                return
+            if self._handle(item, result):
+                done.append(item.id)
+            until = give_back_at
+
+    def _settle(self, batch: _Batch, result: DrainResult, *, quiet: bool = False) -> None:
+        """Ack and give back what is left of a batch; a failed connection is tried again
+        (both scripts are safe to repeat). ``quiet``: log a failure instead of raising."""
+        try:
+            for attempt in range(1, SETTLE_ATTEMPTS + 1):
+                try:
+                    batch.settle(self)
+                    break
+                except SETTLE_RETRY_ERRORS as exc:
+                    if attempt == SETTLE_ATTEMPTS:
+                        raise
+                    log.warning(
+                        "delay queue %r: acknowledging a batch failed (%s), trying again",
+                        self.name, exc,
+                    )  # fmt: skip
+        except REDIS_ERRORS as exc:
+            if not quiet:
+                raise
+            log.warning("delay queue %r: could not acknowledge a batch: %s", self.name, exc)
+        finally:
+            result.released += batch.given_back - batch.counted
+            batch.counted = batch.given_back
 
     def _handle(self, item: Item, result: DrainResult) -> bool:
         func = HANDLERS.get(item.task)
         celery_task = None if func is not None else _celery_task(item.task)
-        if func is None and celery_task is None:
-            error = f"no handler or Celery task is registered for task {item.task!r}"
-            log.error("delay queue %r: item %r buried: %s", self.name, item.id, error)
-            self.bury(item.id, error)
-            result.dead += 1
-            result.errors.append(error)
-            return False
         try:
             if func is not None:
                 func(item.payload)
                 result.handled += 1
-            else:
+            elif celery_task is not None:
                 celery_task.apply_async(args=(item.payload,))
                 result.dispatched += 1
+            else:
+                # Not dead at once: the drainer may be an old deploy, or the
+                # module registering the handler was not imported (yet).
+                raise MissingHandler(
+                    f"no handler or Celery task is registered for task {item.task!r} in this "
+                    f"process (is it in an installed app's "
+                    f"{settings.DELAY_QUEUE_HANDLERS_MODULE!r} module?)"
+                )
             return True
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-            outcome = self.fail(item.id, error)
+            outcome = self._fail(item.id, error, None, self.max_attempts, item.attempts)
             log.warning(
                 "delay queue %r: item %r (%s) failed on delivery %d, %s: %s",
                 self.name, item.id, item.task, item.attempts, outcome, error,
@@ -304,7 +449,10 @@ class DelayQueue:
     def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         """The oldest ``limit`` dead letters: id, task, payload, deliveries, error, died_at."""
         k = self.keys
-        entries = self.redis.zrange(k.dead, 0, limit - 1, withscores=True)
+        entries = cast(
+            "list[tuple[bytes | str, float]]",
+            self.redis.zrange(k.dead, 0, limit - 1, withscores=True),
+        )
         ids = [i.decode() if isinstance(i, bytes) else i for i, _ in entries]
         if not ids:
             return []
@@ -332,6 +480,95 @@ class DelayQueue:
         """Give a dead letter fresh deliveries, due now. True if it was dead."""
         k = self.keys
         return bool(scripts.DELAY_REQUEUE((k.due, k.attempts, k.dead), (id,), client=self.redis))
+
+
+class _Batch:
+    """A claimed batch being worked on, shared by the drainer and its keeper thread.
+
+    The drainer takes items from ``pending`` one by one; whoever settles takes
+    what is left. Both use ``deque.popleft`` (atomic), so an item is either
+    handled by the drainer or given back, never both.
+    """
+
+    __slots__ = ("pending", "done", "give_back_at", "visible_until", "acked", "to_release",
+                 "given_back", "counted", "kept", "lock")  # fmt: skip
+
+    def __init__(self, items: list[Item], give_back_at: float, visible_until: float) -> None:
+        self.pending = deque(items)
+        self.done: list[str] = []  # ids handled; done[:acked] are acknowledged
+        self.give_back_at = give_back_at  # time.monotonic()
+        self.visible_until = visible_until  # time.monotonic(), at or before the claim's deadline
+        self.acked = 0
+        self.to_release: list[Item] = []  # taken back, not yet confirmed by Redis
+        self.given_back = 0
+        self.counted = 0  # given_back already added to a DrainResult
+        self.kept = False  # the keeper has settled this batch
+        self.lock = threading.Lock()  # one settle at a time
+
+    def settle(self, queue: DelayQueue) -> None:
+        """Acknowledge the finished items and give back the unstarted ones, in one
+        round trip. Safe to repeat; raises RedisError (then a later call retries)."""
+        with self.lock:
+            while True:
+                try:
+                    self.to_release.append(self.pending.popleft())
+                except IndexError:
+                    break
+                self.given_back += 1
+            end = len(self.done)
+            ids = self.done[self.acked : end]
+            if self.to_release:
+                release = _release_argv(self.to_release)
+                calls = [(scripts.DELAY_RELEASE, queue._release_keys, release)]
+                if ids:
+                    calls.insert(0, (scripts.DELAY_ACK, queue._ack_keys, ids))
+                for reply in run_batch(queue.redis, calls):  # (on a cluster: its node's)
+                    if isinstance(reply, Exception):
+                        raise reply
+            elif ids:
+                queue.ack(*ids)
+            self.acked = end
+            self.to_release = []
+
+
+class _Keeper:
+    """A drain's helper thread: settles a batch whose handler runs past its give-back time.
+
+    Without it, items finished before a hanging handler would wait unacknowledged
+    (and the unstarted ones in flight) until the visibility ran out, and the whole
+    batch would be delivered again. The running handler's own item is left in
+    flight: if it never returns, its visibility runs out and it is delivered again.
+    """
+
+    def __init__(self, queue: DelayQueue, period: float) -> None:
+        self.queue = queue
+        self.period = period  # seconds between looks
+        self.batch: _Batch | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"stock_locks-dq-keeper-{queue.name}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            batch = self.batch
+            if batch is None or batch.kept or time.monotonic() < batch.give_back_at:
+                continue
+            try:
+                batch.settle(self.queue)
+            except REDIS_ERRORS as exc:
+                log.warning("delay queue %r: keeper: %s", self.queue.name, exc)
+                continue  # tried again at the next look, and by the drainer at the end
+            batch.kept = True
+            log.warning(
+                "delay queue %r: a batch is still being handled at %.0f%% of its visibility "
+                "timeout; acknowledged %d finished items, gave %d unstarted back",
+                self.queue.name, GIVE_BACK_SHARE * 100, batch.acked, batch.given_back,
+            )  # fmt: skip
 
 
 class QueueWaiter:
@@ -373,7 +610,7 @@ class QueueWaiter:
             try:
                 if self.queue.redis.blpop([self.queue.keys.signal], timeout=self._slice):
                     self.event.set()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("delay queue %r: signal listener: %s", self.queue.name, exc)
                 self.event.set()  # let the runner look, and meet the error itself
                 threading.Event().wait(self._slice)
@@ -381,8 +618,13 @@ class QueueWaiter:
 
 def handler(task: str) -> Callable[[Handler], Handler]:
     """Register ``func(payload)`` as the handler of ``task`` in this process, for
-    every queue. Register at import time of a module every drainer imports
-    (e.g. from an ``AppConfig.ready``), so Celery workers know it too."""
+    every queue.
+
+    Put handlers in a ``delay_handlers.py`` module of one of your installed apps
+    (the name is ``STOCK_LOCKS["DELAY_QUEUE_HANDLERS_MODULE"]``): stock_locks
+    imports it in every process when Django is ready (:func:`discover_handlers`),
+    so Celery workers and ``run_delay_queue`` know the handler before they drain.
+    """
     if not isinstance(task, str) or not task:
         raise InvalidSchedule(f"task must be a non-empty string, got {task!r}")
 
@@ -391,6 +633,27 @@ def handler(task: str) -> Callable[[Handler], Handler]:
         return func
 
     return register
+
+
+def discover_handlers(module_name: str | None = None) -> None:
+    """Import ``<app>.<module_name>`` of every installed app that has one.
+
+    ``module_name`` defaults to ``STOCK_LOCKS["DELAY_QUEUE_HANDLERS_MODULE"]``
+    (``"delay_handlers"``; empty or None turns discovery off). Called by
+    stock_locks' ``AppConfig.ready()``, as Celery finds ``tasks`` modules and
+    the admin finds ``admin`` modules. A module that exists but fails to import
+    raises: a drainer must not start without its handlers.
+    """
+    name = settings.DELAY_QUEUE_HANDLERS_MODULE if module_name is None else module_name
+    if not name:
+        return
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules(name)
+
+
+def _release_argv(items: Sequence[Item]) -> list[Any]:
+    return [v for item in items for v in (item.id, item.deadline_ms, item.attempts)]
 
 
 def _celery_task(name: str) -> Any:

@@ -51,8 +51,24 @@ class StaleFencingToken(StockLocksError):
         self.current = current
 
 
-class RedisUnavailable(StockLocksError):
-    """Redis could not be reached; nothing was changed by the failed call."""
+class BackendUnavailable(StockLocksError):
+    """The coordinator (Redis, a RedLock majority, ZooKeeper) could not be reached or
+    did not answer in time.
+
+    Raised by a backend for a call whose outcome is unknown; the primitives and
+    strategies that let it through say what they undid first (an acquire gives
+    back what it may hold, a reservation reserves nothing). ``backend`` is the
+    alias of the backend that failed.
+    """
+
+    def __init__(self, message: str, *, backend: str | None = None) -> None:
+        super().__init__(message)
+        self.backend = backend
+
+
+class RedisUnavailable(BackendUnavailable):
+    """Redis could not be reached or did not answer in time (connection refused, a
+    timeout, a server loading its data or turned read-only by a failover)."""
 
 
 class OutOfStock(StockLocksError):

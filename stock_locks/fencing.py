@@ -9,9 +9,30 @@ than the writer's, in the same UPDATE, so the check cannot race the write.
     t1  B acquires "product:7" (fence 42), writes the row (fence := 42)
     t2  A wakes up and writes with fence 41 -> StaleFencingToken, row keeps B's value
 
+That alone fails when the stale holder writes *first*, after reading a value
+the newer holder also reads (both compute from the same level). A holder that
+reads, then writes, claims the row before reading:
+
+    with Lock("product:7") as lock:
+        claim(Product.objects.filter(pk=7), lock.fence)      # fence := 42, autocommit
+        product = Product.objects.get(pk=7)                   # read after the claim
+        fenced_update(Product.objects.filter(pk=7), lock.fence, stock=product.stock - 1)
+
+    t0  A (fence 41) claims, reads stock 1 ... paused past its lease
+    t1  B (fence 42) claims (row fence := 42), reads 1, writes 0
+    t2  A writes with fence 41 -> StaleFencingToken (and had A written first,
+        B's claim would still see the newer state: it reads after claiming)
+
+Claim in autocommit or a short transaction of its own, not inside a long one:
+the claim's UPDATE holds the row lock until its transaction ends. When a
+write can be one relative, guarded statement (``stock = stock - 1 WHERE
+stock >= 1``) it needs no claim: that is what the stock strategies do.
+
 A holder may write the same row several times under one grant (equal fences
-pass). A row must always be fenced by the same lock name: fences of different
-names are unrelated counters.
+pass). Fences are never below the Redis clock in microseconds, so fences of
+different lock names on one row do not brick it (a newer grant of either name
+wins); exclusion, though, holds only among holders of the same name: fence a
+row by one lock name.
 """
 
 from __future__ import annotations
@@ -63,7 +84,7 @@ def fenced_update_row(model: type[models.Model], pk: Any, fence: int, **changes:
         return
     current = rows.values_list("fence", flat=True).first()
     if current is None:
-        raise model.DoesNotExist(f"{model.__name__} pk={pk} no longer exists")
+        raise model.DoesNotExist(f"{model.__name__} pk={pk} no longer exists")  # type: ignore[attr-defined]
     raise StaleFencingToken(
         f"{model.__name__} pk={pk}: fence {fence} is older than stored {current}",
         fence=fence,
@@ -91,3 +112,15 @@ def fenced_update(queryset: models.QuerySet, fence: int, **changes: Any) -> int:
                 current=newer,
             )
     return updated
+
+
+def claim(queryset: models.QuerySet, fence: int) -> int:
+    """Register ``fence`` on every row of ``queryset`` before reading them.
+
+    One UPDATE sets the rows' stored fence to ``fence``; if any row already
+    carries a newer one, nothing changes and :class:`StaleFencingToken` is
+    raised: a newer holder has claimed the rows, so this holder's reads are
+    stale. After a claim, an older holder's :func:`fenced_update` is refused
+    whatever the order of the writes. Returns the number of rows claimed.
+    """
+    return fenced_update(queryset, fence)

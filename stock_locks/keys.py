@@ -3,40 +3,173 @@
 A key is ``<prefix>:<kind>:{<name>}[:<part>]``. The braces are a Redis Cluster
 hash tag: every key one script touches shares the same ``{<name>}``, so they all
 land in one slot and the scripts run unchanged on a cluster.
+
+A name goes into the tag escaped (:func:`escape_name`): ``%``, ``{`` and ``}``
+become ``%25``, ``%7B`` and ``%7D``. A ``}`` in a name would otherwise end the
+tag early (a name starting with ``}`` makes an empty tag, and Redis then hashes
+each whole key: CROSSSLOT). Names without those characters are unchanged, and
+:func:`unescape_name` gives the original back (the dashboard shows it).
+
+Held locks are also listed in an index (``LockKeys.index``, a sorted set: lock
+key -> lease end in ms on the Redis clock), kept by the lock scripts, so the
+dashboard reads the held locks without walking the keyspace. On one Redis
+server that is one key, ``<prefix>:locks``; on a Redis Cluster it is one key per
+hash slot, ``<prefix>:locks:{<tag>}``, whose tag is chosen to hash to the
+lock's own slot (:func:`slot_tag`), so a script still touches one slot only.
 """
 
 from __future__ import annotations
 
+import binascii
+import re
 from typing import NamedTuple
 
 from .conf import settings
 
+SLOTS = 16384  # Redis Cluster hash slots
+
 
 class LockKeys(NamedTuple):
     lock: str  # the token (string, with the lease as its expiry)
-    fence: str  # the fencing counter (never expires)
+    fence: str  # the fencing counter (expires FENCE_RETENTION after the last grant)
     holder: str  # holder metadata hash (same lease as the lock)
     signal: str  # wake-up list a release pushes to; waiters BLPOP it
+    released: str  # list: the tokens most recently released or given up, newest first
+    index: str  # type: ignore[assignment]  # zset of held locks (name -> lease end, ms) in its slot
+
+
+_ESCAPES = {"%": "%25", "{": "%7B", "}": "%7D"}
+_UNESCAPE = re.compile("%(25|7B|7D)")
+_UNESCAPES = {"25": "%", "7B": "{", "7D": "}"}
+
+
+def escape_name(name: str) -> str:
+    """``name`` made safe inside a hash tag: no ``{`` or ``}``; reversible."""
+    if "%" in name or "{" in name or "}" in name:
+        return "".join(_ESCAPES.get(c, c) for c in name)
+    return name
+
+
+def unescape_name(text: str) -> str:
+    """The original name of an :func:`escape_name` result."""
+    if "%" not in text:
+        return text
+    return _UNESCAPE.sub(lambda m: _UNESCAPES[m.group(1)], text)
+
+
+def _checked(name: object, kind: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a {kind} name must be a non-empty string, got {name!r}")
+    return escape_name(name)
+
+
+def key_slot(key: str | bytes) -> int:
+    """The Redis Cluster hash slot of ``key`` (its hash tag's, when it has one)."""
+    data = key.encode() if isinstance(key, str) else key
+    start = data.find(b"{")
+    if start != -1:
+        end = data.find(b"}", start + 1)
+        if end > start + 1:
+            data = data[start + 1 : end]
+    return binascii.crc_hqx(data, 0) % SLOTS
 
 
 def prefix() -> str:
-    return settings.KEY_PREFIX
+    return settings.key_prefix()
 
 
 def lock_base(name: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a lock name must be a non-empty string, got {name!r}")
-    return f"{settings.KEY_PREFIX}:lock:{{{name}}}"
+    return f"{settings.key_prefix()}:lock:{{{_checked(name, 'lock')}}}"
 
 
-def lock_keys(name: str) -> LockKeys:
+def lock_keys(name: str, cluster: bool = False) -> LockKeys:
+    """The keys of lock ``name``. ``cluster``: the client is a Redis Cluster
+    client (the held-locks index is then per hash slot)."""
     base = lock_base(name)
-    return LockKeys(base, f"{base}:fence", f"{base}:holder", f"{base}:signal")
+    index = lock_index_key(key_slot(base)) if cluster else lock_index_key()
+    return LockKeys(
+        base, f"{base}:fence", f"{base}:holder", f"{base}:signal", f"{base}:released", index
+    )
+
+
+def lock_name_of(key: str) -> str | None:
+    """The lock name of a lock key (an index member), or None for another key."""
+    head = f"{settings.key_prefix()}:lock:{{"
+    if key.startswith(head) and key.endswith("}"):
+        return unescape_name(key[len(head) : -1])
+    return None
+
+
+def lock_index_key(slot: int | None = None) -> str:
+    """The held-locks index: the one of a single server (``slot`` None), or of a cluster slot."""
+    if slot is None:
+        return f"{settings.key_prefix()}:locks"
+    return f"{settings.key_prefix()}:locks:{{{slot_tag(slot)}}}"
 
 
 def lock_scan_pattern() -> str:
     """SCAN pattern matching every lock key (not its side keys)."""
-    return f"{settings.KEY_PREFIX}:lock:{{*}}"
+    return f"{settings.key_prefix()}:lock:{{*}}"
+
+
+# -- a hash tag for every slot ------------------------------------------------------
+#
+# CRC16 (XMODEM: initial value 0, no final xor) is linear over GF(2) for messages
+# of one length: crc(a ^ b) == crc(a) ^ crc(b). A tag is TAG_LENGTH characters,
+# each 0x40 plus 5 free bits ('@', 'A'..'Z', '[', '\', ']', '^', '_': never a
+# brace). The slot of a tag is then the slot of the all-'@' tag xor the slots of
+# its set free bits, so a tag for any slot is found by solving a small linear
+# system once (Gaussian elimination), with no search.
+
+TAG_LENGTH = 4
+_TAG_BASE = 0x40
+_TAG_BITS = 5
+
+
+def _slot_basis() -> list[tuple[int, int]]:
+    """Reduced rows (slot bits, tag bits) spanning every slot."""
+    rows: list[tuple[int, int]] = []
+    for position in range(TAG_LENGTH):
+        for bit in range(_TAG_BITS):
+            delta = bytearray(TAG_LENGTH)
+            delta[position] = 1 << bit
+            vector = binascii.crc_hqx(bytes(delta), 0) % SLOTS
+            choice = 1 << (position * _TAG_BITS + bit)
+            for pivot_vector, pivot_choice in rows:
+                if vector ^ pivot_vector < vector:  # shares the pivot's top bit
+                    vector ^= pivot_vector
+                    choice ^= pivot_choice
+            if vector:
+                rows.append((vector, choice))
+                rows.sort(reverse=True)
+    if len(rows) != SLOTS.bit_length() - 1:
+        raise RuntimeError("tag alphabet does not reach every hash slot")
+    return rows
+
+
+_BASIS = _slot_basis()
+_BASE_SLOT = binascii.crc_hqx(bytes([_TAG_BASE] * TAG_LENGTH), 0) % SLOTS
+_tags: dict[int, str] = {}
+
+
+def slot_tag(slot: int) -> str:
+    """A short hash tag (no braces) whose key slot is ``slot``."""
+    tag = _tags.get(slot)
+    if tag is not None:
+        return tag
+    if not 0 <= slot < SLOTS:
+        raise ValueError(f"a hash slot is 0..{SLOTS - 1}, got {slot!r}")
+    target, choice = slot ^ _BASE_SLOT, 0
+    for vector, row_choice in _BASIS:
+        if target ^ vector < target:
+            target ^= vector
+            choice ^= row_choice
+    chars = [
+        _TAG_BASE | (choice >> (position * _TAG_BITS)) & ((1 << _TAG_BITS) - 1)
+        for position in range(TAG_LENGTH)
+    ]
+    tag = _tags[slot] = bytes(chars).decode()
+    return tag
 
 
 class StockKeys:
@@ -45,11 +178,17 @@ class StockKeys:
     ``counter(sku)``: units of ``sku`` left to sell (string integer, no expiry).
     ``record(ref)``: the reservation of order ``ref`` as a hash sku -> qty.
     ``index``: sorted set of open reservation records, scored by creation ms.
+    ``loaded``: hash (epoch, run_id, loaded_at) written when the counters were built
+    from the database; its absence means Redis lost its data.
+    ``versions``: hash sku -> version, bumped by every script that moves that SKU's
+    counter, so a reader can tell that a counter did not move between two reads.
     """
 
     def __init__(self) -> None:
-        self.base = f"{settings.KEY_PREFIX}:stock:{{{settings.STOCK_HASH_TAG}}}"
+        self.base = f"{settings.key_prefix()}:stock:{{{settings.STOCK_HASH_TAG}}}"
         self.index = f"{self.base}:reservations"
+        self.loaded = f"{self.base}:loaded"
+        self.versions = f"{self.base}:versions"
         self._counter = f"{self.base}:avail:"
         self._record = f"{self.base}:res:"
 
@@ -77,9 +216,7 @@ class SemaphoreKeys(NamedTuple):
 
 
 def semaphore_keys(name: str) -> SemaphoreKeys:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a semaphore name must be a non-empty string, got {name!r}")
-    base = f"{settings.KEY_PREFIX}:sem:{{{name}}}"
+    base = f"{settings.key_prefix()}:sem:{{{_checked(name, 'semaphore')}}}"
     return SemaphoreKeys(
         base, f"{base}:meta", f"{base}:signal", f"{base}:queue", f"{base}:alive",
         f"{base}:ticket", f"{base}:wake:",
@@ -87,7 +224,7 @@ def semaphore_keys(name: str) -> SemaphoreKeys:
 
 
 def semaphore_scan_pattern() -> str:
-    return f"{settings.KEY_PREFIX}:sem:{{*}}"
+    return f"{settings.key_prefix()}:sem:{{*}}"
 
 
 class DelayQueueKeys(NamedTuple):
@@ -101,9 +238,7 @@ class DelayQueueKeys(NamedTuple):
 
 
 def delay_queue_keys(name: str) -> DelayQueueKeys:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a delay queue name must be a non-empty string, got {name!r}")
-    base = f"{settings.KEY_PREFIX}:dq:{{{name}}}"
+    base = f"{settings.key_prefix()}:dq:{{{_checked(name, 'delay queue')}}}"
     return DelayQueueKeys(
         f"{base}:due", f"{base}:items", f"{base}:attempts", f"{base}:errors",
         f"{base}:inflight", f"{base}:dead", f"{base}:signal",

@@ -1,17 +1,34 @@
 """Token locks in Redis.
 
-A grant is one Lua script and one round trip: ``SET key token NX PX ttl``, ``INCR``
-of the lock's fencing counter and the holder's metadata (host, pid, thread,
-caller, acquired-at from the Redis clock) in a side hash with the same lease.
-Release and extend compare the token inside Lua, so only the holder can do
-either. A release pushes one element onto the lock's signal list; waiters block
-on ``BLPOP`` of that list instead of polling, and bound each wait by the
-holder's remaining lease, so a lost wake-up costs at most one lease.
+A grant is one Lua script and one round trip: ``SET key token PX ttl``, the
+grant's fence (one more than the last, never below the Redis clock in
+microseconds), the holder's metadata (host, pid, thread, caller, acquired-at
+from the Redis clock) in a side hash with the same lease, and an entry in the
+held-locks index the admin page reads. Release and extend compare the token
+inside Lua, so only the holder can do either. A release pushes one element
+onto the lock's signal list; waiters block on ``BLPOP`` of that list instead of
+polling, and bound each wait by the holder's remaining lease (with a
+client-side deadline, ``stock_locks.wakeup``), so a lost wake-up costs at most
+one lease.
 
 Why a signal list and not pub/sub: BLPOP hands the wake-up to exactly one
 waiter (no thundering herd), needs no listener thread, and its key carries the
 lock's hash tag, so it works on Redis Cluster. The woken waiter's own release
 wakes the next one.
+
+A hold can change hands: ``Lock(name, token=...)`` adopts the hold of another
+object or process by its token (a view takes the lock, a Celery task releases
+it), and ``hand_off()`` lets the giving side stop holding it without releasing.
+``inspect(name)``, ``Lock.info()`` and ``Lock.remaining()`` read a holder in one
+round trip; ``force_release(name)`` and ``release_held_by(host=..., pid=...)``
+are the operator's tools (the dashboard and ``manage.py release_locks`` use
+them); none of these adds anything to an acquire or a release.
+
+Every call is safe to repeat. A release remembers the released token (the
+last few per lock name, for about one lease), so a release repeated after a
+lost reply reports success, and an acquire whose caller gave up (an error or an interrupt
+mid-round-trip) is given back by one bounded round trip that also makes a late
+copy of that try be refused when it lands.
 
 The argument lists and reply shapes live in small functions below so that an
 asyncio twin can run the same scripts (``stock_locks.scripts``) over the same
@@ -21,94 +38,107 @@ keys (``stock_locks.keys``) without copying the logic.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
-import socket
 import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, cast
 
-from redis.exceptions import NoScriptError, RedisError
-
-from . import scripts
+from . import _validate, lease
+from .backends import resolve
+from .backends.base import Backend
+from .backends.redis import (  # noqa: F401  (re-exported: the Redis details of a lock)
+    CAPPED,
+    NOT_OWNED,
+    RELEASED,
+    RELEASED_KEPT,
+    STILL_HELD,
+    acquire_argv,
+    acquire_keys,
+    backend_for_client,
+    extend_keys,
+    holder_argv,
+    is_cluster,
+    release_argv,
+    release_keys,
+    run_batch,
+)
 from .conf import settings
-from .connection import blocking_cap, get_redis
-from .exceptions import LockError, LockNotOwned, LockNotReplicated, LockTimeout
-from .keys import lock_keys
+from .exceptions import BackendUnavailable, LockError, LockNotOwned, LockTimeout
+from .holder import LockInfo, caller_of, process_identity  # noqa: F401  (re-exported)
+from .lease import Call
 
 if TYPE_CHECKING:
-    from types import FrameType, TracebackType
+    from collections.abc import Callable
+    from types import TracebackType
 
     from redis import Redis
 
 acquire_log = logging.getLogger("stock_locks.lock.acquire")
 release_log = logging.getLogger("stock_locks.lock.release")
 renewal_log = logging.getLogger("stock_locks.lock.renewal")
+force_log = logging.getLogger("stock_locks.lock.force")
 
-# A release's RELEASED reply; a reentrant release that only decremented is STILL_HELD.
-NOT_OWNED, RELEASED, STILL_HELD = 0, 1, 2
-
-# Shortest BLPOP we send: Redis reads a timeout of 0 as "block forever".
-MIN_WAIT = 0.001  # seconds
-
-
-class _Process:
-    """This process's identity, as written into holder metadata. Reset after fork."""
-
-    def __init__(self) -> None:
-        self.host = socket.gethostname()
-        self.pid = str(os.getpid())
-
-
-_process = _Process()
 _owners = threading.local()
-# (lock key, owner token) -> how many times that owner holds the lock. Reentrant
-# locks only; several Lock objects of one thread share their owner's entry.
-_depths: dict[tuple[str, str], int] = {}
 
 
-def owner_token() -> str:
-    """The calling thread's reentrant-owner token: 128 random bits, one per thread."""
-    token = getattr(_owners, "token", None)
-    if token is None:
-        token = _owners.token = secrets.token_hex(16)
-    return token
+def _thread_holds() -> dict[str, list]:
+    """The calling thread's reentrant holds: lock key -> [token, depth].
+
+    Several reentrant Lock objects of one name in one thread share the entry
+    (they are one owner). A fresh token is drawn for each outermost grant.
+    """
+    holds = getattr(_owners, "holds", None)
+    if holds is None:
+        holds = _owners.holds = {}
+    return holds
 
 
-def holder_argv(caller: str, watchdog: bool) -> tuple:
-    """The fixed tail of ``lock_acquire.lua``'s ARGV: host, pid, caller, watchdog."""
-    return (_process.host, _process.pid, caller, int(watchdog))
+def owner_token(key: str | None = None) -> str | None:
+    """The calling thread's token for the reentrant lock ``key`` while it holds it."""
+    entry = _thread_holds().get(key) if key else None
+    return entry[0] if entry else None
 
 
-def acquire_argv(token: str, ttl_ms: int, depth: int, holder: tuple, waited: bool) -> tuple:
-    """ARGV of ``lock_acquire.lua``; ``holder`` comes from :func:`holder_argv`."""
-    return (token, ttl_ms, depth, threading.current_thread().name, *holder, int(waited))
+def seconds_to_ms(seconds: object, what: str, name: str | None) -> int:
+    """``seconds`` as whole ms (at least 1), or :class:`LockError` unless a positive,
+    finite number (``stock_locks._validate.lease_ms``)."""
+    return _validate.lease_ms(seconds, what, name)
 
 
-def release_argv(token: str, depth: int) -> tuple:
-    """ARGV of ``lock_release.lua``."""
-    return (token, depth, int(settings.WAKE_SIGNAL_TTL * 1000))
+def _max_hold(value: object, watchdog: bool, name: str) -> tuple[float | None, int]:
+    """(max_hold in seconds or None, in ms or 0) of a lock: the argument, else the setting."""
+    what = "max_hold"
+    if value is None:
+        value, what = settings.LOCK_MAX_HOLD, 'STOCK_LOCKS["LOCK_MAX_HOLD"]'
+        if value is None or not watchdog:
+            return None, 0
+    elif not watchdog:
+        raise LockError(
+            f"lock {name!r}: max_hold caps the watchdog's renewals; it needs watchdog=True",
+            name=name,
+        )
+    if isinstance(value, float) and value == math.inf:
+        return None, 0
+    return cast(float, value), _validate.lease_ms(value, what, name)
 
 
-def process_identity() -> tuple[str, str]:
-    """(host, pid) of this process, as holder metadata records it (fresh after fork)."""
-    return _process.host, _process.pid
+def pick_backend(backend: Backend | str | None, redis: Any) -> Backend:
+    """The backend a primitive runs on: ``redis=`` (an explicit client) wins, else
+    ``backend`` (an alias or a backend), else the default."""
+    if redis is not None:
+        if backend is not None:
+            raise LockError("pass either backend= or redis=, not both")
+        return backend_for_client(redis)
+    return resolve(backend)
 
 
-def caller_of(frame: FrameType | None) -> str:
-    """``module.qualname`` of the code running in ``frame``: a holder's "caller"."""
-    if frame is None:
-        return "?"
-    return f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_qualname}"
-
-
-def seconds_to_ms(seconds: float, what: str, name: str) -> int:
-    """``seconds`` as whole ms (at least 1), or :class:`LockError` unless positive."""
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
-        raise LockError(f"{what} must be a positive number of seconds, got {seconds!r}", name=name)
-    return max(1, int(seconds * 1000))
+def read_info(backend: Backend, name: str, keys: Any) -> LockInfo | None:
+    """One atomic read of who holds the lock ``name`` (whose keys are ``keys``)."""
+    return backend.execute(Call("lock_inspect", (name, keys)))
 
 
 class LeaseGuard:
@@ -120,6 +150,8 @@ class LeaseGuard:
     kind = "lock"  # for messages
     name: str
     timeout: float | None
+    acquire: Callable[[], bool]
+    release: Callable[[], None]
 
     def __enter__(self) -> Self:
         if self.acquire():
@@ -146,12 +178,34 @@ class LeaseGuard:
             )
 
 
+class _Hold:
+    """What one owner knows of its hold: token, fence, how many holds, lost;
+    whether the hold was adopted by its token (its fence is then read from
+    Redis on first use) or handed off (a later release() does nothing)."""
+
+    __slots__ = ("token", "fence", "holds", "lost", "adopted", "handed_off", "__weakref__")
+
+    def __init__(self) -> None:
+        self.token: str | None = None
+        self.fence: int | None = None
+        self.holds = 0
+        self.lost = False
+        self.adopted = False
+        self.handed_off = False
+
+
+class _PerThread(threading.local):
+    def __init__(self) -> None:
+        self.hold = _Hold()
+
+
 class Lock(LeaseGuard):
     """A mutual-exclusion lock on ``name``, held in Redis for ``ttl`` seconds at most.
 
     Args:
-        name: what is locked, e.g. ``"order:42"``. Keys are
-            ``<prefix>:lock:{<name>}`` plus side keys under the same hash tag.
+        name: what is locked, e.g. ``"order:42"``; any non-empty string. Keys
+            are ``<prefix>:lock:{<name>}`` plus side keys under the same hash
+            tag (``{``, ``}`` and ``%`` in a name are escaped there).
         ttl: the lease in seconds (default ``STOCK_LOCKS["LOCK_TTL"]``, 30). A
             holder that dies frees the lock after at most this long.
         timeout: how long ``acquire()`` waits for a held lock, in seconds.
@@ -160,12 +214,34 @@ class Lock(LeaseGuard):
         reentrant: the same owner may acquire again while holding the lock;
             only its last release frees it. The owner is the calling thread
             (any Lock object for ``name`` in that thread). Re-entry keeps the
-            fence of the first grant.
+            fence of the first grant, and is granted only while the owner's
+            token still holds the lock (else :class:`LockNotOwned`).
         watchdog: renew the lease every ``ttl / 3`` seconds while held, from one
             renewal thread per process. When a renewal finds the lock taken
             from this holder, ``lost`` becomes True and a WARNING is logged.
-        redis: the redis-py client to use (default: django-redis's client for
-            ``STOCK_LOCKS["REDIS_ALIAS"]``).
+        max_hold: with ``watchdog=True``, the longest the lock may be held,
+            in seconds from its grant (Redis clock): the watchdog never renews
+            the lease past it, so a hung but alive worker loses the lock then;
+            its last renewal sets ``lost`` and logs a WARNING on
+            ``stock_locks.lock.renewal``. A ``ttl`` longer than ``max_hold``
+            is cut to it. ``None`` (default) takes
+            ``STOCK_LOCKS["LOCK_MAX_HOLD"]`` (default None: no cap);
+            ``math.inf``: no cap. The holder's own ``extend()`` and
+            re-entries are not capped (a hung worker makes neither). Given
+            without ``watchdog=True``: :class:`LockError`.
+        token: adopt the hold of that token instead of acquiring (no round
+            trip): the object holds the lock from the start, and
+            ``extend()``, ``release()``, ``owned()``, ``remaining()`` act on
+            that hold. ``fence`` is read from the holder's record on first use
+            (one round trip; :class:`LockNotOwned` if the token no longer holds
+            the lock). With ``watchdog=True`` this process renews it from now
+            on. Not with ``reentrant=True`` (:class:`LockError`).
+        backend: where the lock lives: an alias of ``STOCK_LOCKS["BACKENDS"]``
+            (e.g. ``"redlock"``) or a backend object; default ``"default"`` (the
+            Redis of ``STOCK_LOCKS["REDIS_ALIAS"]``). What the lock guarantees
+            is what that backend's capabilities say (README: "What each
+            backend guarantees").
+        redis: a redis-py client to use instead (not with ``backend``).
         caller: a label for the admin page (default: the creating function).
 
     After a grant, ``token`` is the holder's token and ``fence`` the grant's
@@ -173,9 +249,29 @@ class Lock(LeaseGuard):
     name. Pass it to :func:`stock_locks.fencing.fenced_update` so that a holder
     paused past its lease cannot overwrite a newer holder's write.
 
-    One Lock object is one holder: share it between threads only with
-    ``reentrant=True``, or better, create one per thread (it is cheap).
+    Sharing one object between threads: a ``reentrant=True`` Lock keeps its
+    holder state per thread (each thread is its own owner): ``token``,
+    ``fence``, ``lost`` and ``owned()`` answer for the calling thread, and a
+    thread can release only its own holds (:class:`LockError` otherwise). A
+    non-reentrant Lock is one holder whatever the thread: one thread may
+    acquire and another release, and a second ``acquire()`` while it is held
+    raises :class:`LockError` instead of waiting; to have threads wait for
+    each other, give each thread its own Lock object (they are cheap).
     As a context manager it raises :class:`LockTimeout` when not granted.
+
+    Handing a hold to another process: the owner of a non-reentrant lock is its
+    token, not an object or a process. A view acquires and passes ``lock.token``
+    (and ``lock.name``) to a Celery task, which builds ``Lock(name,
+    token=token)`` and extends or releases it. Every object with the token holds
+    the same hold: whichever releases first frees the lock, and a later
+    ``release()`` by another of them is recognised as already released (no
+    error) while Redis remembers the token (the last ``RELEASED_KEPT``
+    releases of the name, for about one lease), after that it raises
+    :class:`LockNotOwned`; their ``extend()`` raises :class:`LockNotOwned`.
+    The giving side should call ``hand_off()`` (no round trip): it returns the
+    token, stops this process's renewals of it, and makes this object's later
+    ``release()`` (a ``with`` block's end) do nothing. A reentrant lock's owner
+    is a thread, so its holds cannot be adopted or handed off.
     """
 
     def __init__(
@@ -187,261 +283,436 @@ class Lock(LeaseGuard):
         blocking: bool = True,
         reentrant: bool = False,
         watchdog: bool = False,
+        max_hold: float | None = None,
+        token: str | None = None,
+        backend: Backend | str | None = None,
         redis: Redis | None = None,
         caller: str | None = None,
     ) -> None:
+        self.backend = pick_backend(backend, redis)
         try:
-            self.keys = lock_keys(name)
+            self.keys = self.backend.lock_keys(name)
         except ValueError as exc:
-            raise LockError(str(exc), name=name) from None
+            raise LockError(str(exc), name=name if isinstance(name, str) else None) from None
         self.name = name
         self.ttl = settings.LOCK_TTL if ttl is None else ttl
-        self._ttl_ms = seconds_to_ms(self.ttl, "ttl", name)
-        if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
-            raise LockError(f"timeout must be None or >= 0 seconds, got {timeout!r}", name=name)
-        self.timeout = timeout
-        self.blocking = blocking
-        self.reentrant = reentrant
-        self.watchdog = watchdog
-        self.redis = get_redis() if redis is None else redis
+        self._ttl_ms = _validate.lease_ms(self.ttl, "ttl", name)
+        self.timeout = _validate.wait_seconds(timeout, "timeout", name)
+        self.blocking = _validate.flag(blocking, "blocking", name)
+        self.reentrant = _validate.flag(reentrant, "reentrant", name)
+        self.watchdog = _validate.flag(watchdog, "watchdog", name)
+        self.max_hold, self._max_hold_ms = _max_hold(max_hold, self.watchdog, name)
+        if self._max_hold_ms and self._max_hold_ms < self._ttl_ms:
+            self.ttl, self._ttl_ms = self.max_hold, self._max_hold_ms
         self.caller = caller or caller_of(sys._getframe(1))
-        self.token: str | None = None
-        self.fence: int | None = None
-        self.lost = False
-        self._holds = 0
-        self._wait_cap = blocking_cap(self.redis)
-        self._acquire_keys = (self.keys.lock, self.keys.fence, self.keys.holder)
-        self._release_keys = (self.keys.lock, self.keys.holder, self.keys.signal)
-        self._extend_keys = (self.keys.lock, self.keys.holder)
-        self._holder = holder_argv(self.caller, watchdog)
-        self._holder_process = _process
+        self._state: Any = _PerThread() if reentrant else _Hold()
+        if token is not None:
+            self._adopt(token)
+
+    @property
+    def redis(self) -> Any:
+        """The redis-py client of a Redis backend (None for other backends)."""
+        return getattr(self.backend, "client", None)
+
+    def _run(self, steps: lease.Steps[Any]) -> Any:
+        return lease.run(steps, self.backend.execute)
+
+    def _adopt(self, token: object) -> None:
+        if not isinstance(token, str) or not token:
+            raise LockError(f"token must be a non-empty str, got {token!r}", name=self.name)
+        if self.reentrant:
+            raise LockError(
+                f"lock {self.name!r}: a reentrant lock's owner is a thread, so its hold "
+                "cannot be adopted by token; use a non-reentrant Lock",
+                name=self.name,
+            )
+        hold = self._state
+        hold.token, hold.holds, hold.adopted = token, 1, True
+        if self.watchdog:
+            _watchdog.add(self, hold)
+
+    def _hold(self) -> _Hold:
+        """The calling owner's hold state (the thread's, for a reentrant lock)."""
+        return self._state.hold if self.reentrant else self._state
+
+    @property
+    def token(self) -> str | None:
+        """The calling owner's token of its last grant (None before the first)."""
+        return self._hold().token
+
+    @property
+    def fence(self) -> int | None:
+        """The calling owner's fencing token of its last grant (None before the first).
+
+        For a hold adopted by token, the first read while held fetches the
+        grant's fence from the holder's record (one round trip) and raises
+        :class:`LockNotOwned` when the token no longer holds the lock.
+        """
+        return self._run(self._fence_steps())
+
+    def _fence_steps(self) -> lease.Steps[int | None]:
+        hold = self._hold()
+        if hold.fence is None and hold.adopted and hold.holds:
+            info = yield Call("lock_inspect", (self.name, self.keys))
+            if info is None or info.token != hold.token:
+                hold.lost = True
+                raise LockNotOwned(
+                    f"lock {self.name!r} is no longer held by the adopted token", name=self.name
+                )
+            hold.fence = info.fence
+        return hold.fence
+
+    @property
+    def lost(self) -> bool:
+        """Whether the backend said the calling owner's hold was taken from it."""
+        return self._hold().lost
+
+    @lost.setter
+    def lost(self, value: bool) -> None:
+        self._hold().lost = value
 
     def __repr__(self) -> str:
-        state = f"fence={self.fence}" if self._holds else "not held"
+        hold = self._hold()
+        state = f"fence={hold.fence}" if hold.holds else "not held"
         return f"<Lock {self.name!r} ttl={self.ttl} {state}>"
 
-    # -- public API: local checks, then the do_* methods talk to Redis ------
+    # -- public API: each runs one of the *_steps generators below ----------
 
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Take the lock; True when granted, False when not granted in time.
 
         ``blocking`` and ``timeout`` override the constructor's values for this
-        call (``None`` keeps them). A blocked call sleeps in ``BLPOP`` on the
-        lock's signal list until a release wakes it or the holder's lease runs
-        out, never longer than what is left of ``timeout``.
+        call (``None`` keeps them). A blocked call sleeps until a release wakes
+        it (on Redis: ``BLPOP`` on the lock's signal list) or the holder's
+        lease runs out, never longer than what is left of ``timeout``; each
+        sleep ends on a client-side deadline, not on the server's timer tick.
 
-        A retried script call (redis-py retrying after a lost reply) reuses this
-        call's token, and the script treats "already held by my token" as a
-        grant, so a lost reply never strands the lock. If the call still fails
-        with a Redis error, the token is released best-effort before the error
-        propagates.
+        A retried try (after a lost reply) reuses this call's token, and the
+        backend treats "already held by my token" as a grant, so a lost reply
+        never strands the lock. If the call ends with any exception (the
+        backend unreachable, KeyboardInterrupt, a Celery soft time limit
+        mid-round-trip), a grant it may have got is given back before the
+        exception propagates, by one round trip bounded by
+        ``stock_locks.roundtrip.GIVE_BACK_TIMEOUT``; the backend then
+        remembers the token, so a copy of the try still on its way is refused
+        when it lands. If even the give-back fails, the lock frees when its
+        lease ends.
 
-        Raises :class:`LockError` when this non-reentrant object already holds
-        the lock, :class:`LockNotReplicated` when ``STOCK_LOCKS["REPLICAS"]`` is
-        set and too few replicas confirm, and redis-py's errors when Redis is
-        unreachable.
+        Raises :class:`LockError` (no round trip) when an argument is invalid or
+        this non-reentrant object already holds the lock;
+        :class:`LockNotOwned` when a reentrant owner re-enters a lock its token
+        no longer holds (its lease ran out, or it was force-released): nothing
+        is granted then; :class:`LockNotReplicated` when
+        ``STOCK_LOCKS["REPLICAS"]`` is set and too few replicas confirm; and
+        :class:`~stock_locks.exceptions.BackendUnavailable` (for Redis,
+        :class:`~stock_locks.exceptions.RedisUnavailable`) when the backend
+        cannot be reached.
         """
-        if blocking is None:
-            blocking = self.blocking
-        if timeout is None:
-            timeout = self.timeout
-        elif isinstance(timeout, bool) or timeout < 0:
-            raise LockError(f"timeout must be None or >= 0, got {timeout!r}", name=self.name)
-        if self._holds and not self.reentrant:
+        return self._run(self._acquire_steps(blocking, timeout))
+
+    def _acquire_steps(self, blocking: bool | None, timeout: float | None) -> lease.Steps[bool]:
+        blocking = (
+            self.blocking if blocking is None else _validate.flag(blocking, "blocking", self.name)
+        )
+        timeout = (
+            self.timeout
+            if timeout is None
+            else _validate.wait_seconds(timeout, "timeout", self.name)
+        )
+        hold = self._hold()
+        if hold.holds and not self.reentrant:
             raise LockError(
                 f"this Lock object already holds {self.name!r}; "
                 "use reentrant=True or another Lock object",
                 name=self.name,
             )
-        if self.reentrant:
-            token = owner_token()
-            depth = _depths.get((self.keys.lock, token), 0)
-        else:
-            token = secrets.token_hex(16)
-            depth = 0
-        deadline = None
-        if blocking and timeout:
-            deadline = time.monotonic() + timeout
-        waited = False
-        while True:
-            try:
-                granted, value, count = self.do_acquire(token, depth, waited)
-            except RedisError:
-                if depth == 0:
-                    self._abandon(token)
-                raise
-            if granted:
-                self._on_grant(token, value, count)
-                return True
-            if not blocking or timeout == 0:
-                acquire_log.debug("lock %r busy, not waiting", self.name)
-                return False
-            # The holder's lease bounds the wait; -1 (no expiry) waits one of our leases.
-            wait = (value + 1) / 1000 if value > 0 else self.ttl
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    acquire_log.debug("lock %r busy, gave up after %ss", self.name, timeout)
-                    return False
-                wait = min(wait, remaining)
-            self.do_wait(wait)
-            waited = True
+        entry = _thread_holds().get(self.keys.lock) if self.reentrant else None
+        token, depth = entry if entry else (secrets.token_hex(16), 0)
+        try:
+            attempt = yield from lease.acquire(
+                lambda patience, waited: Call("lock_try", (self, token, depth, waited)),
+                lambda seconds: Call("lock_wait", (self, seconds)),
+                blocking=blocking,
+                timeout=timeout,
+                default_wait=self.ttl,
+                give_back=None if depth else Call("lock_release", (self, token, 1, "abandon")),
+                what=f"lock {self.name!r}",
+            )
+        except LockNotOwned:
+            # The thread's hold is gone: its next acquire starts afresh (new token),
+            # while the outer holds still in progress learn it on their release.
+            hold.lost = True
+            if _thread_holds().get(self.keys.lock, [None])[0] == token:
+                del _thread_holds()[self.keys.lock]
+            raise
+        if attempt is None:
+            acquire_log.debug("lock %r busy, not granted within %ss", self.name, timeout)
+            return False
+        self._on_grant(hold, token, cast(int, attempt.fence), attempt.count)
+        return True
 
     def release(self) -> None:
         """Give the lock up; a reentrant owner's hold is decremented, freed at zero.
 
-        Raises :class:`LockError` (no round trip) when this object does not hold
-        the lock, and :class:`LockNotOwned` when Redis says the token no longer
-        owns it (its lease ran out, or it was force-released): nothing is
-        deleted then.
+        Safe to repeat: a release that ran but whose reply was lost reports
+        success, since the backend remembers the last ``RELEASED_KEPT``
+        released tokens of a lock name (for about one lease). A lost reply is
+        followed by one repeat bounded by ``GIVE_BACK_TIMEOUT``; when that
+        fails too, :class:`~stock_locks.exceptions.BackendUnavailable`
+        propagates and this owner still holds the lock (call ``release()``
+        again). Any other exception during the round trip (KeyboardInterrupt,
+        a Celery soft time limit) gives the lock back by one bounded round
+        trip, then propagates.
+
+        After ``hand_off()`` it does nothing (the hold is the receiver's).
+
+        Raises :class:`LockError` (no round trip) when the calling owner does
+        not hold the lock, and :class:`LockNotOwned` when the backend says its
+        token no longer owns it (its lease ran out, or it was force-released):
+        nothing is deleted then.
         """
-        if not self._holds:
+        self._run(self._release_steps())
+
+    def _release_steps(self) -> lease.Steps[None]:
+        hold = self._hold()
+        if not hold.holds:
+            if hold.handed_off:
+                release_log.debug("%r was handed off: not released here", self.name)
+                return
             raise LockError(
-                f"cannot release {self.name!r}: not held by this object", name=self.name
+                f"cannot release {self.name!r}: not held by this "
+                + ("thread" if self.reentrant else "object"),
+                name=self.name,
             )
-        token = self.token
-        entry = (self.keys.lock, token)
-        depth = _depths.get(entry, 1) if self.reentrant else 1
-        self._holds -= 1
+        token = cast(str, hold.token)  # set while held
+        depth = 1
+        if self.reentrant:
+            entry = _thread_holds().get(self.keys.lock)
+            if entry and entry[0] == token:
+                depth = entry[1]
         if depth <= 1 and (self.watchdog or self.reentrant):
             # (a reentrant hold may have been registered by another Lock object)
-            _watchdog.discard(entry)
-        result = self.do_release(token, depth)
-        if self.reentrant:
-            if result == STILL_HELD:
-                _depths[entry] = depth - 1
+            _watchdog.discard((self.keys.lock, token))
+        call = Call("lock_release", (self, token, depth, "release"))
+        try:
+            result = yield from lease.repeatable(call)
+        except (BackendUnavailable, GeneratorExit):
+            self._still_held(hold, depth)
+            raise
+        except BaseException:
+            given_back = yield from lease.give_back_once(call)
+            if given_back is None:
+                release_log.warning(
+                    "lock %r: release interrupted and the lock could not be given back; "
+                    "release() again, or it frees when its lease ends",
+                    self.name,
+                )
+                self._still_held(hold, depth)
             else:
-                _depths.pop(entry, None)
+                self._forget(hold, token, depth, given_back)
+            raise
+        self._forget(hold, token, depth, result)
         if result == NOT_OWNED:
-            self.lost = True
+            hold.lost = True
             raise LockNotOwned(
                 f"lock {self.name!r} is no longer held by this token "
                 "(its lease ran out or it was force-released)",
                 name=self.name,
             )
-        release_log.debug("released %r (fence %s)", self.name, self.fence)
+        release_log.debug("released %r (fence %s)", self.name, hold.fence)
 
     def extend(self, seconds: float | None = None) -> None:
         """Reset the lease to ``seconds`` from now (default: this lock's ``ttl``).
 
-        Raises :class:`LockError` when not held by this object or ``seconds`` is
-        not positive, :class:`LockNotOwned` when Redis says the token lost the lock.
+        Safe to repeat; a lost reply is followed by one repeat bounded by
+        ``GIVE_BACK_TIMEOUT``.
+
+        Raises :class:`LockError` when not held by the calling owner or
+        ``seconds`` is not a positive number, :class:`LockNotOwned` when the
+        backend says the token lost the lock.
         """
-        if not self._holds:
-            raise LockError(f"cannot extend {self.name!r}: not held by this object", name=self.name)
-        ttl_ms = self._ttl_ms if seconds is None else seconds_to_ms(seconds, "seconds", self.name)
-        if not self.do_extend(self.token, ttl_ms):
-            self.lost = True
+        self._run(self._extend_steps(seconds))
+
+    def _extend_steps(self, seconds: float | None) -> lease.Steps[None]:
+        hold = self._hold()
+        if not hold.holds:
+            raise LockError(f"cannot extend {self.name!r}: not held by this owner", name=self.name)
+        ttl_ms = (
+            self._ttl_ms if seconds is None else _validate.lease_ms(seconds, "seconds", self.name)
+        )
+        call = Call("lock_extend", (self, cast(str, hold.token), ttl_ms))
+        if (yield from lease.repeatable(call)) != 1:
+            hold.lost = True
             raise LockNotOwned(f"cannot extend {self.name!r}: no longer held", name=self.name)
+
+    def hand_off(self) -> str:
+        """Stop holding the lock in this object without releasing it; its token.
+
+        For handing the hold to another process, which adopts it with
+        ``Lock(name, token=token)``. No round trip: the lock stays held with
+        its lease (it frees when the lease ends unless the receiver extends or
+        releases it); this process stops renewing it, and this object's
+        ``release()`` (a ``with`` block's end) does nothing until it acquires
+        again.
+
+        Raises :class:`LockError` when this object does not hold the lock, or
+        for a reentrant lock (whose owner is a thread).
+        """
+        if self.reentrant:
+            raise LockError(
+                f"lock {self.name!r}: a reentrant lock's owner is a thread; "
+                "its holds cannot be handed off",
+                name=self.name,
+            )
+        hold = self._state
+        if not hold.holds:
+            raise LockError(f"cannot hand off {self.name!r}: not held", name=self.name)
+        token = cast(str, hold.token)
+        if self.watchdog:
+            _watchdog.discard((self.keys.lock, token))
+        hold.holds, hold.handed_off = 0, True
+        return token
+
+    def info(self) -> LockInfo | None:
+        """Who holds this lock now (whichever owner), or None when it is free.
+
+        One round trip, read atomically. When the holder is the calling
+        owner's adopted token, its ``fence`` is kept too.
+        """
+        return self._run(self._info_steps())
+
+    def _info_steps(self) -> lease.Steps[LockInfo | None]:
+        info = yield Call("lock_inspect", (self.name, self.keys))
+        hold = self._hold()
+        if info is not None and hold.holds and info.token == hold.token and hold.fence is None:
+            hold.fence = info.fence
+        return info
+
+    def remaining(self) -> float:
+        """Seconds left of the calling owner's lease (one round trip).
+
+        0.0 when this owner does not hold the lock, or its token no longer
+        does; ``math.inf`` when the lock has no expiry (a session-bound backend).
+        """
+        return self._run(self._remaining_steps())
+
+    def _remaining_steps(self) -> lease.Steps[float]:
+        hold = self._hold()
+        if not hold.holds or hold.token is None:
+            return 0.0
+        info = yield Call("lock_inspect", (self.name, self.keys))
+        if info is None or info.token != hold.token:
+            return 0.0
+        return math.inf if info.remaining is None else info.remaining
 
     def locked(self) -> bool:
         """Whether anyone holds the lock now (one round trip)."""
-        return bool(self.redis.exists(self.keys.lock))
+        return self._run(self._token_steps()) is not None
 
     def owned(self) -> bool:
-        """Whether this object's token holds the lock now (one round trip)."""
-        if self.token is None:
+        """Whether the calling owner's token holds the lock now (one round trip)."""
+        hold = self._hold()
+        if hold.token is None or not hold.holds:
             return False
-        value = self.redis.get(self.keys.lock)
-        if isinstance(value, bytes):
-            value = value.decode()
-        return value == self.token
+        return self._run(self._token_steps()) == hold.token
 
-    # -- the only code that talks to Redis ----------------------------------
+    def _token_steps(self) -> lease.Steps[str | None]:
+        return (yield Call("lock_token", (self.keys,)))
 
-    def do_acquire(self, token: str, depth: int, waited: bool = False) -> tuple[bool, int, int]:
-        """One acquire round trip: (granted, fence or holder's pttl, count)."""
-        if self._holder_process is not _process:  # used in a forked child
-            self._holder, self._holder_process = holder_argv(self.caller, self.watchdog), _process
-        argv = acquire_argv(token, self._ttl_ms, depth, self._holder, waited)
-        replicas = settings.REPLICAS
-        if replicas:
-            return self._do_acquire_replicated(token, argv, replicas)
-        reply = scripts.LOCK_ACQUIRE(self._acquire_keys, argv, client=self.redis)
-        if reply[0] == 1:
-            return True, int(reply[1]), int(reply[2])
-        return False, int(reply[1]), 0
+    # -- single backend calls, for tests and tools ----------------------------
 
-    def _do_acquire_replicated(self, token: str, argv: tuple, replicas: int) -> tuple:
-        # WAIT counts the replicas that have this connection's writes, so the
-        # script and WAIT share one pipeline (one connection, one round trip).
-        wait_ms = max(1, int(settings.REPLICA_TIMEOUT * 1000))
-        for _ in range(2):
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.evalsha(scripts.LOCK_ACQUIRE.sha, 3, *self._acquire_keys, *argv)
-            pipe.execute_command("WAIT", replicas, wait_ms)
-            reply, confirmed = pipe.execute(raise_on_error=False)
-            if not isinstance(reply, NoScriptError):
-                break
-            self.redis.script_load(scripts.LOCK_ACQUIRE.script)
-        if isinstance(reply, Exception):
-            raise reply
-        if reply[0] != 1:
-            return False, int(reply[1]), 0
-        if int(reply[2]) == 1 and int(confirmed) < replicas:
-            self.do_release(token, 1)
-            raise LockNotReplicated(
-                f"lock {self.name!r}: {confirmed} of {replicas} replicas confirmed the grant "
-                f"within {settings.REPLICA_TIMEOUT}s; grant undone",
-                name=self.name,
-                required=replicas,
-                confirmed=int(confirmed),
-            )
-        return True, int(reply[1]), int(reply[2])
+    def do_acquire(self, token: str, depth: int, waited: bool = False) -> lease.Attempt:
+        """One try: the backend's :class:`~stock_locks.lease.Attempt`.
 
-    def do_release(self, token: str, depth: int) -> int:
+        Raises :class:`LockNotOwned` for a re-entry (``depth`` > 0) whose token
+        no longer holds the lock, :class:`LockError` for a token already given back.
+        """
+        return self.backend.execute(Call("lock_try", (self, token, depth, waited)))
+
+    def do_release(self, token: str, depth: int, mode: str = "release") -> int:
         """One release round trip: RELEASED, STILL_HELD or NOT_OWNED."""
-        return scripts.LOCK_RELEASE(
-            self._release_keys, release_argv(token, depth), client=self.redis
-        )
+        return self.backend.execute(Call("lock_release", (self, token, depth, mode)))
 
-    def do_extend(self, token: str, ttl_ms: int) -> bool:
-        """One extend round trip: whether the token still held the lock."""
-        return scripts.LOCK_EXTEND(self._extend_keys, (token, ttl_ms), client=self.redis) == 1
+    def do_wait(self, seconds: float) -> bool:
+        """Block until a release signals (True), or ``seconds`` pass (False)."""
+        return self.backend.execute(Call("lock_wait", (self, seconds)))
 
-    def do_wait(self, seconds: float) -> None:
-        """Block until a release signals, or ``seconds`` pass."""
-        if self._wait_cap is not None:
-            seconds = min(seconds, self._wait_cap * 0.8)
-        self.redis.blpop([self.keys.signal], timeout=max(seconds, MIN_WAIT))
+    # -- bookkeeping (no I/O) --------------------------------------------------
 
-    # -- bookkeeping ---------------------------------------------------------
-
-    def _on_grant(self, token: str, fence: int, count: int) -> None:
-        self.token = token
-        self.fence = fence
-        self.lost = False
-        self._holds += 1
+    def _on_grant(self, hold: _Hold, token: str, fence: int, count: int) -> None:
+        hold.token = token
+        hold.fence = fence
+        hold.lost = False
+        hold.adopted = hold.handed_off = False
+        # An outermost grant (count 1) starts the count afresh: holds left over from a
+        # lost lease are not this grant's.
+        hold.holds = 1 if count == 1 else hold.holds + 1
         if self.reentrant:
-            _depths[(self.keys.lock, token)] = count
+            _thread_holds()[self.keys.lock] = [token, count]
         if count == 1 and self.watchdog:
-            _watchdog.add(self)
+            _watchdog.add(self, hold)
         acquire_log.debug("acquired %r fence=%s count=%s", self.name, fence, count)
 
-    def _abandon(self, token: str) -> None:
-        """After a failed acquire round trip, undo a grant whose reply may have been lost."""
-        try:
-            self.do_release(token, 1)
-        except RedisError:
-            acquire_log.warning(
-                "lock %r: acquire failed and the token could not be released; "
-                "if it was granted, it frees when its lease runs out",
-                self.name,
+    def _forget(self, hold: _Hold, token: str, depth: int, result: int) -> None:
+        """After a release's outcome is known: this owner holds one hold less."""
+        hold.holds = max(0, hold.holds - 1)
+        if self.reentrant:
+            holds = _thread_holds()
+            if result == STILL_HELD:
+                holds[self.keys.lock] = [token, depth - 1]
+            elif holds.get(self.keys.lock, [None])[0] == token:
+                del holds[self.keys.lock]
+
+    def _still_held(self, hold: _Hold, depth: int) -> None:
+        """After a release whose outcome stays unknown: keep the hold (and its renewal)."""
+        if depth <= 1 and self.watchdog and hold.holds:
+            _watchdog.add(self, hold)
+
+
+class RedLock(Lock):
+    """A :class:`Lock` granted by a majority of independent Redis masters (RedLock).
+
+    Same arguments and guarantees as :class:`Lock`; ``backend`` defaults to
+    ``STOCK_LOCKS["REDLOCK_BACKEND"]`` (``"redlock"``), which must be a
+    :class:`~stock_locks.backends.redlock.RedLockBackend` alias in
+    ``STOCK_LOCKS["BACKENDS"]``. Its fences stay monotonic while a majority of
+    the masters keeps its data (``stock_locks.backends.redlock``).
+
+    Raises :class:`LockError` when the backend is not a RedLock backend.
+    """
+
+    def __init__(self, name: str, ttl: float | None = None, **options: Any) -> None:
+        from .backends.redlock import RedLockBackend
+
+        options.setdefault("backend", settings.REDLOCK_BACKEND)
+        options.setdefault("caller", caller_of(sys._getframe(1)))
+        super().__init__(name, ttl, **options)
+        if not isinstance(self.backend, RedLockBackend):
+            raise LockError(
+                f"RedLock {name!r}: backend {self.backend.alias!r} is not a RedLock backend",
+                name=name,
             )
 
 
 class _Renewal:
     """One watchdog lock: what to renew, and when."""
 
-    __slots__ = ("lock", "client", "name", "keys", "token", "ttl_ms", "interval", "due")
+    __slots__ = (
+        "hold", "backend", "name", "keys", "token", "ttl_ms", "max_hold", "max_hold_ms",
+        "interval", "due",
+    )  # fmt: skip
 
-    def __init__(self, lock: Lock) -> None:
-        self.lock = weakref.ref(lock)
-        self.client = lock.redis
+    def __init__(self, lock: Lock, hold: _Hold) -> None:
+        # Weak: an owner whose Lock object (or thread, for a reentrant lock) is gone
+        # is no longer renewed either.
+        self.hold = weakref.ref(hold)
+        self.backend = lock.backend
         self.name = lock.name
-        self.keys = lock._extend_keys
-        self.token = lock.token
+        self.keys = lock.keys
+        self.token = hold.token
         self.ttl_ms = lock._ttl_ms
+        self.max_hold = lock.max_hold
+        self.max_hold_ms = lock._max_hold_ms  # 0: no cap
         self.interval = lock.ttl / 3
         self.due = time.monotonic() + self.interval
 
@@ -450,10 +721,13 @@ class Watchdog:
     """One daemon thread per process that renews every watchdog lock's lease.
 
     Each lock is renewed every ``ttl / 3`` seconds; locks falling due within
-    the next quarter interval are renewed with it, in one pipelined round trip
-    per Redis client. A lock whose renewal finds its token gone is dropped and
-    marked ``lost``. The thread holds only weak references, so a Lock object
-    that is garbage-collected without release is no longer renewed either.
+    the next quarter interval are renewed with it, in one batch per backend
+    (one pipelined round trip per Redis server or cluster node). A lock whose
+    renewal finds its token gone is dropped and marked ``lost``; so is one
+    whose renewal was cut by its ``max_hold`` (the lease then ends at the cap,
+    on the Redis clock). The thread holds only
+    weak references, so a Lock object that is garbage-collected without
+    release is no longer renewed either.
     """
 
     THREAD_NAME = "stock_locks-watchdog"
@@ -464,10 +738,10 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._wake_at: float | None = None  # when the sleeping thread next looks; None: never
 
-    def add(self, lock: Lock) -> None:
-        renewal = _Renewal(lock)
+    def add(self, lock: Lock, hold: _Hold) -> None:
+        renewal = _Renewal(lock, hold)
         with self._cond:
-            self._renewals[(lock.keys.lock, lock.token)] = renewal
+            self._renewals[(lock.keys.lock, cast(str, hold.token))] = renewal
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name=self.THREAD_NAME, daemon=True
@@ -499,7 +773,7 @@ class Watchdog:
         now = time.monotonic()
         batch = []
         for entry, renewal in list(self._renewals.items()):
-            if renewal.lock() is None:
+            if renewal.hold() is None:
                 del self._renewals[entry]
             elif renewal.due - renewal.interval / 4 <= now:
                 renewal.due = now + renewal.interval
@@ -512,14 +786,13 @@ class Watchdog:
         return max(0.0, min(r.due for r in self._renewals.values()) - time.monotonic())
 
     def _renew(self, batch: list[tuple[tuple[str, str], _Renewal]]) -> None:
-        by_client: dict[int, tuple[Any, list]] = {}
+        by_backend: dict[int, tuple[Backend, list]] = {}
         for item in batch:
-            by_client.setdefault(id(item[1].client), (item[1].client, []))[1].append(item)
-        for client, items in by_client.values():
-            calls = [(scripts.LOCK_EXTEND, r.keys, (r.token, r.ttl_ms)) for _, r in items]
+            by_backend.setdefault(id(item[1].backend), (item[1].backend, []))[1].append(item)
+        for backend, items in by_backend.values():
             try:
-                results = scripts.run_batch(client, calls)
-            except RedisError as exc:
+                results = backend.execute(Call("renew_many", ([r for _, r in items],)))
+            except Exception as exc:  # (the thread must live on) BackendUnavailable, mostly
                 renewal_log.warning("could not renew %d lock(s), will retry: %s", len(items), exc)
                 retry = time.monotonic() + min(1.0, items[0][1].interval / 3)
                 for _, renewal in items:
@@ -528,14 +801,30 @@ class Watchdog:
             for (entry, renewal), result in zip(items, results, strict=True):
                 if result == 1:
                     continue
+                if isinstance(result, Exception):  # outcome unknown: again soon
+                    renewal_log.warning(
+                        "could not renew lock %r, will retry: %s", renewal.name, result
+                    )
+                    renewal.due = min(
+                        renewal.due, time.monotonic() + min(1.0, renewal.interval / 3)
+                    )
+                    continue
                 with self._cond:
                     # Released meanwhile: the release discarded it, and nothing is lost.
                     if self._renewals.get(entry) is not renewal:
                         continue
                     del self._renewals[entry]
-                lock = renewal.lock()
-                if lock is not None:
-                    lock.lost = True
+                hold = renewal.hold()
+                if hold is not None:
+                    hold.lost = True
+                if result == CAPPED:
+                    renewal_log.warning(
+                        "lock %r held for max_hold (%ss) since its grant: stopped renewing, "
+                        "its lease ends at the cap",
+                        renewal.name,
+                        renewal.max_hold,
+                    )
+                    continue
                 renewal_log.warning(
                     "lock %r lost: its token no longer holds the key (%s); stopped renewing",
                     renewal.name,
@@ -546,13 +835,145 @@ class Watchdog:
 _watchdog = Watchdog()
 
 
+# -- by name: introspection and the operator's force release ----------------------
+
+# Locks whose holders release_held_by() reads (and releases) per round trip.
+RELEASE_BATCH = 500
+# Attempts of force_release(name) without a token when the holder changes meanwhile.
+FORCE_ATTEMPTS = 3
+
+
+def _backend_and_keys(
+    name: str, backend: Backend | str | None, redis: Redis | None
+) -> tuple[Backend, Any]:
+    chosen = pick_backend(backend, redis)
+    try:
+        return chosen, chosen.lock_keys(name)
+    except ValueError as exc:
+        raise LockError(str(exc), name=name if isinstance(name, str) else None) from None
+
+
+def inspect(
+    name: str, *, backend: Backend | str | None = None, redis: Redis | None = None
+) -> LockInfo | None:
+    """Who holds the lock ``name`` now, or None when it is free.
+
+    One round trip (on Redis a read-only script: token, lease left and the
+    holder's record at one instant). ``backend``: an alias or backend
+    (default ``"default"``); ``redis``: an explicit client instead. Raises
+    :class:`LockError` for an invalid name, :class:`BackendUnavailable` when
+    the backend cannot be reached.
+    """
+    chosen, keys = _backend_and_keys(name, backend, redis)
+    return read_info(chosen, name, keys)
+
+
+def _displaced(info: LockInfo, how: str) -> LockInfo:
+    force_log.warning(
+        "lock %r force-released (%s): holder host=%s pid=%s thread=%s caller=%s fence=%s",
+        info.name, how, info.host, info.pid, info.thread, info.caller, info.fence,
+    )  # fmt: skip
+    return info
+
+
+def force_release(
+    name: str,
+    *,
+    token: str | None = None,
+    backend: Backend | str | None = None,
+    redis: Redis | None = None,
+) -> LockInfo | None:
+    """Free the lock ``name`` whoever holds it; the holder it displaced, or None.
+
+    With ``token``, only that holder is displaced (compare-and-delete: a lock
+    that changed hands is left alone, and None returned). Without, whoever
+    holds it at the moment of the release. Nothing is audited here: the
+    caller writes its own record from the returned :class:`LockInfo` (the
+    dashboard writes an ``AuditEntry``). A WARNING is logged on
+    ``stock_locks.lock.force``.
+
+    The displaced holder is told: its ``release()`` and ``extend()`` raise
+    :class:`LockNotOwned`, its watchdog marks it ``lost``; and once the next
+    holder has written or claimed a fenced row (``stock_locks.fencing``), the
+    displaced holder's fenced writes to it are refused (its fence is older).
+    Waiters are woken as by a release. Two round trips (read, release); a
+    release whose reply is lost is repeated once, bounded, and the backend
+    recognises the force release that happened (the holder is still returned).
+
+    Raises :class:`LockError` for an invalid name or token,
+    :class:`BackendUnavailable` when the backend cannot be reached.
+    """
+    if token is not None and (not isinstance(token, str) or not token):
+        raise LockError(f"token must be None or a non-empty str, got {token!r}", name=name)
+    chosen, keys = _backend_and_keys(name, backend, redis)
+    for _ in range(FORCE_ATTEMPTS):
+        info = read_info(chosen, name, keys)
+        if info is None or (token is not None and info.token != token):
+            return None
+        result = lease.run(lease.repeatable(Call("force_release", (info, keys))), chosen.execute)
+        if result == RELEASED:
+            return _displaced(info, "by token" if token else "by name")
+        if token is not None:
+            return None
+        # Released or taken over between the read and the release: look again.
+    return None
+
+
+def release_held_by(
+    *,
+    host: str,
+    pid: int | str | None = None,
+    dry_run: bool = False,
+    backend: Backend | str | None = None,
+    redis: Redis | None = None,
+) -> list[LockInfo]:
+    """Force-release every lock held by processes on ``host`` (and ``pid``).
+
+    For deploy scripts and operators, once those processes are known to be
+    gone (a restart, a crashed host): their locks would otherwise stay taken
+    until their leases end. ``host`` is the holder's ``socket.gethostname()``
+    as recorded at the grant; ``pid`` narrows it to one process (default: any).
+    ``dry_run`` releases nothing and returns what would be released.
+
+    Reads the backend's held-locks index (not SCAN), then the holders and the
+    releases in batches of ``RELEASE_BATCH`` locks (one round trip each). Each
+    release is compare-and-delete on the token read, so a lock that changed
+    hands meanwhile is left alone. Returns the displaced holders, by lock
+    name; as with :func:`force_release`, the caller audits. Raises
+    :class:`LockError` for an invalid host or pid.
+    """
+    if not isinstance(host, str) or not host:
+        raise LockError(f"host must be a non-empty str, got {host!r}")
+    if pid is not None and (isinstance(pid, bool) or not str(pid).isdigit()):
+        raise LockError(f"pid must be None or a process id, got {pid!r}")
+    dry_run = _validate.flag(dry_run, "dry_run")
+    wanted_pid = None if pid is None else str(pid)
+    chosen = pick_backend(backend, redis)
+    names = chosen.execute(Call("held_lock_names", ()))
+    displaced: list[LockInfo] = []
+    for start in range(0, len(names), RELEASE_BATCH):
+        chunk = [(name, chosen.lock_keys(name)) for name in names[start : start + RELEASE_BATCH]]
+        infos = chosen.execute(Call("inspect_many", (chunk,)))
+        matches = [
+            (keys, info)
+            for (_, keys), info in zip(chunk, infos, strict=True)
+            if info and info.host == host and wanted_pid in (None, info.pid)
+        ]
+        if dry_run or not matches:
+            displaced.extend(info for _, info in matches)
+            continue
+        results = chosen.execute(Call("force_release_many", (matches,)))
+        for (_, info), result in zip(matches, results, strict=True):
+            if result == RELEASED:
+                displaced.append(_displaced(info, f"held by {host} pid {info.pid}"))
+    return displaced
+
+
 def _after_fork_in_child() -> None:
-    # The child owns none of the parent's locks: it gets a fresh identity, fresh
-    # owner tokens and its own (not yet started) renewal thread.
-    global _process, _owners, _watchdog
-    _process = _Process()
+    # The child owns none of the parent's locks: fresh owner tokens and its own
+    # (not yet started) renewal thread (stock_locks.holder renews the identity).
+    global _owners, _watchdog
     _owners = threading.local()
-    _depths.clear()
     _watchdog = Watchdog()
 
 

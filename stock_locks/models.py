@@ -30,6 +30,11 @@ class Reservation(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     expires_at = models.DateTimeField(null=True, blank=True)
 
+    # Not columns: set on the object a strategy's reserve() returns (whether that
+    # call made the reservation, and the optimistic retries it took).
+    created: bool
+    retries: int
+
     class Meta:
         ordering = ["-created_at"]
 

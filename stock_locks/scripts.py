@@ -20,23 +20,28 @@ from redis.exceptions import NoScriptError
 def load(name: str) -> Script:
     """The script in ``lua/<name>.lua``."""
     source = resources.files(__package__).joinpath("lua", f"{name}.lua").read_bytes()
-    return Script(None, source)
+    return Script(None, source)  # type: ignore[arg-type]  # every call passes client=
 
 
 LOCK_ACQUIRE = load("lock_acquire")
 LOCK_RELEASE = load("lock_release")
 LOCK_EXTEND = load("lock_extend")
+LOCK_INSPECT = load("lock_inspect")
+LOCK_FENCE = load("lock_fence")
 DELAY_SCHEDULE = load("delay_schedule")
 DELAY_CLAIM = load("delay_claim")
 DELAY_ACK = load("delay_ack")
 DELAY_FAIL = load("delay_fail")
 DELAY_REMOVE = load("delay_remove")
 DELAY_REQUEUE = load("delay_requeue")
+DELAY_RELEASE = load("delay_release")
 DELAY_STATS = load("delay_stats")
 STOCK_RESERVE = load("stock_reserve")
 STOCK_RELEASE = load("stock_release")
 STOCK_COMMIT = load("stock_commit")
-STOCK_SET_COUNTER = load("stock_set_counter")
+STOCK_ADOPT = load("stock_adopt")
+STOCK_CORRECT = load("stock_correct")
+STOCK_LOAD = load("stock_load")
 SEM_ACQUIRE = load("sem_acquire")
 SEM_RELEASE = load("sem_release")
 SEM_REFRESH = load("sem_refresh")

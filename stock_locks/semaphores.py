@@ -16,7 +16,10 @@ Keys (``stock_locks.keys.semaphore_keys``), all under one hash tag:
   plain semaphore, ``waiting``: until when (ms) a refused caller may sleep;
 - ``signal``: the plain semaphore's wake-up list;
 - ``queue`` (id -> ticket), ``alive`` (id -> when its place lapses, ms),
-  ``ticket`` (counter) and one wake-up list per waiter: the fair semaphore's.
+  ``ticket`` (counter) and one wake-up list per waiter: the fair semaphore's;
+- ``holders`` + ``:gone`` (:func:`gone_key`): zset, given-back holder id ->
+  until when it is remembered (ms, one lease), so that a repeated release
+  reports success and a late copy of an abandoned try is refused.
 
 :class:`Semaphore` is not fair: whoever tries when a permit is free gets it. A
 refused caller sleeps in ``BLPOP`` on the signal list, which every release
@@ -24,14 +27,20 @@ pushes to while someone may be waiting. :class:`FairSemaphore` admits waiters
 in arrival order: a waiter takes a ticket once (``INCR`` inside Lua: the server
 decides the order, so a client whose clock runs ahead steals nothing) and is
 admitted only when its rank in the queue is below the number of free permits.
-Each waiter sleeps on its own list, and whatever frees a permit (a release, an
-ended lease, a waiter leaving) wakes exactly the waiters it lets in.
+Each waiter sleeps on its own list. Whatever changes the holders or the queue
+(a release, a grant, a waiter leaving, an ended lease or lapsed place cleared)
+wakes exactly the waiters among the first ``limit`` in line whose turn it
+brings forward, so a permit freed by an ended lease goes to the next waiter
+when the lease ends, not when that waiter planned to look again.
 
 Either way nobody polls: each sleep is bounded by the moment the caller's turn
 could come without a wake-up (the lease end that would free its permit, and
-for a fair waiter the lapse of the place just ahead of it), by its timeout and
-by the socket timeout (``connection.blocking_cap``). A lost wake-up costs at
-most one lease, never a deadlock. And a holder never times out without knowing:
+for a fair waiter the lapse of the place just ahead of it) and by its timeout,
+on a client-side deadline (``stock_locks.wakeup``), not on the server's timer
+tick. A lost wake-up costs at most one lease, never a deadlock. A call that
+ends with an exception mid-round-trip (KeyboardInterrupt, a Celery soft time
+limit, a lost connection) gives back what it may hold by one bounded round
+trip. And a holder never times out without knowing:
 ``refresh()`` and ``release()`` compare its lease with the server's clock and
 raise :class:`LockNotOwned` once it has ended, because from then on its permit
 was free to someone else.
@@ -44,18 +53,16 @@ import logging
 import math
 import secrets
 import sys
-import threading
-import time
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import RedisError
-
-from . import scripts
+from . import _validate, lease
+from .backends.base import Backend
+from .backends.redis import gone_key  # noqa: F401  (re-exported)
 from .conf import settings
-from .connection import blocking_cap, get_redis
-from .exceptions import LockError, LockNotOwned
-from .keys import SemaphoreKeys, semaphore_keys
-from .locks import MIN_WAIT, LeaseGuard, caller_of, process_identity, seconds_to_ms
+from .exceptions import BackendUnavailable, LockError, LockNotOwned
+from .holder import caller_of
+from .lease import Attempt, Call
+from .locks import LeaseGuard, pick_backend
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -70,19 +77,15 @@ NO_BOUND = -1  # the caller waits as long as it takes
 
 
 def check_limit(limit: object, name: str | None = None) -> int:
-    """``limit`` if it is an int >= 1 (not a bool), else :class:`LockError`."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise LockError(f"limit must be an int >= 1, got {limit!r}", name=name)
-    return limit
+    """``limit`` if it is an int >= 1 (not a bool), else :class:`LockError`
+    (``stock_locks._validate.limit``)."""
+    return _validate.limit(limit, name)
 
 
 def check_timeout(timeout: object, name: str | None = None) -> float | None:
-    """``timeout`` if it is None or a number of seconds >= 0, else :class:`LockError`."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-        raise LockError(f"timeout must be None or >= 0 seconds, got {timeout!r}", name=name)
-    return timeout
+    """``timeout`` if it is None or a number of seconds >= 0 (not NaN, not a bool),
+    else :class:`LockError` (``stock_locks._validate.wait_seconds``)."""
+    return _validate.wait_seconds(timeout, "timeout", name)
 
 
 def _patience_ms(seconds: float) -> int:
@@ -118,13 +121,16 @@ class Semaphore(LeaseGuard):
             ``STOCK_LOCKS["REDIS_ALIAS"]``).
         caller: a label for the admin page (default: the creating function).
 
-    One object is one holder, identified by ``id`` (128 random bits, kept for
-    the object's life): a retried acquire with the same id is granted the
-    permit it already holds. Create one object per thread (it is cheap). As a
+    Every argument is checked here, before any round trip (:class:`LockError`
+    names a bad one). One object is one holder at a time, identified by ``id``
+    (128 random bits): a retried try within one ``acquire()`` call is granted
+    the permit it already holds. Each hold gets a fresh ``id`` once the last
+    one was given back. Create one object per thread (it is cheap). As a
     context manager it raises :class:`LockTimeout` when no permit is granted.
     """
 
     kind = "semaphore"
+    fair = False  # FairSemaphore: True
 
     ticket: int | None = None  # FairSemaphore: this waiter's ticket; always None here
 
@@ -136,108 +142,160 @@ class Semaphore(LeaseGuard):
         *,
         timeout: float | None = None,
         blocking: bool = True,
+        backend: Backend | str | None = None,
         redis: Redis | None = None,
         caller: str | None = None,
     ) -> None:
+        self.backend = pick_backend(backend, redis)
         try:
-            self.keys: SemaphoreKeys = semaphore_keys(name)
+            self.keys: Any = self.backend.semaphore_keys(name)  # type: ignore[attr-defined]
         except ValueError as exc:
             raise LockError(str(exc), name=name) from None
+        except AttributeError:
+            raise LockError(
+                f"semaphore {name!r}: backend {self.backend.alias!r} has no semaphores",
+                name=name,
+            ) from None
         self.name = name
-        self.limit = check_limit(limit, name)
+        self.limit = _validate.limit(limit, name)
         self.ttl = settings.SEMAPHORE_TTL if ttl is None else ttl
-        self._ttl_ms = seconds_to_ms(self.ttl, "ttl", name)
-        self.timeout = check_timeout(timeout, name)
-        self.blocking = blocking
-        self.redis = get_redis() if redis is None else redis
+        self._ttl_ms = _validate.lease_ms(self.ttl, "ttl", name)
+        self.timeout = _validate.wait_seconds(timeout, "timeout", name)
+        self.blocking = _validate.flag(blocking, "blocking", name)
         self.caller = caller or caller_of(sys._getframe(1))
         self.id = secrets.token_hex(16)
         self.lost = False
         self._held = False
-        self._wait_cap = blocking_cap(self.redis)
-        self._setup_keys()
+        self._spent = False  # this id was given back: the next acquire takes a new one
+        self._lease_ms = self._ttl_ms  # the lease of the current hold (refresh may change it)
 
-    def _setup_keys(self) -> None:
-        keys = self.keys
-        self._acquire_keys: tuple[str, ...] = (keys.holders, keys.meta)
-        self._release_keys: tuple[str, ...] = (keys.holders, keys.meta, keys.signal)
-        self._refresh_keys: tuple[str, ...] = (keys.holders, keys.meta)
-        self._wake_key = keys.signal
+    @property
+    def redis(self) -> Any:
+        """The redis-py client of a Redis backend (None for other backends)."""
+        return getattr(self.backend, "client", None)
 
     def __repr__(self) -> str:
         state = "held" if self._held else "not held"
         return f"<{type(self).__name__} {self.name!r} limit={self.limit} ttl={self.ttl} {state}>"
 
-    # -- public API: local checks, then the do_* methods talk to Redis ------
+    def _run(self, steps: lease.Steps[Any]) -> Any:
+        return lease.run(steps, self.backend.execute)
+
+    # -- public API: each runs one of the *_steps generators below ----------
 
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Take a permit; True when granted, False when none was granted in time.
 
         ``blocking`` and ``timeout`` override the constructor's values for this
         call (``None`` keeps them). Each try is one round trip. A refused call
-        sleeps in ``BLPOP`` until a release wakes it, or until the lease that
-        would free a permit ends, never longer than what is left of ``timeout``
-        and never past the socket timeout (long waits are sliced into tries).
+        sleeps until a release wakes it, or until the lease that would free a
+        permit ends, never longer than what is left of ``timeout``; the sleep
+        ends on a client-side deadline (``stock_locks.wakeup``), not on the
+        server's timer tick.
 
-        A try whose reply is lost and retried (redis-py's retry) is granted the
-        permit it already holds. If the call still fails with a Redis error,
-        the permit (or place in the queue) is given back best-effort before
-        the error propagates.
+        A try whose reply is lost and retried is granted the permit it already
+        holds. If the call ends with any exception (the backend unreachable,
+        KeyboardInterrupt, a Celery soft time limit arriving mid-round trip),
+        the permit or place in the queue it may have been granted is given
+        back before the exception propagates, by one round trip bounded by
+        ``GIVE_BACK_TIMEOUT``, and this hold's id is remembered for one lease,
+        so that a copy of the try still on its way is refused when it lands.
+        If even the give-back fails, a permit it had frees when its lease ends.
 
-        Raises :class:`LockError` when this object already holds a permit or
-        ``timeout`` is negative, and redis-py's errors when Redis is unreachable.
+        Raises :class:`LockError` (no round trip) when this object already
+        holds a permit or an argument is invalid, and
+        :class:`~stock_locks.exceptions.BackendUnavailable` when the backend
+        cannot be reached.
         """
-        if blocking is None:
-            blocking = self.blocking
-        timeout = self.timeout if timeout is None else check_timeout(timeout, self.name)
+        return self._run(self._acquire_steps(blocking, timeout))
+
+    def _acquire_steps(self, blocking: bool | None, timeout: float | None) -> lease.Steps[bool]:
+        blocking = (
+            self.blocking if blocking is None else _validate.flag(blocking, "blocking", self.name)
+        )
+        timeout = (
+            self.timeout
+            if timeout is None
+            else _validate.wait_seconds(timeout, "timeout", self.name)
+        )
         if self._held:
             raise LockError(
                 f"this {type(self).__name__} object already holds a permit of {self.name!r}; "
                 "use another object",
                 name=self.name,
             )
+        if self._spent:
+            self.id = secrets.token_hex(16)
+            self._spent = False
         self.ticket = None
-        deadline = None
-        if blocking and timeout:
-            deadline = time.monotonic() + timeout
+        self._lease_ms = self._ttl_ms
         try:
-            while True:
-                if not blocking or timeout == 0:
-                    patience = 0.0
-                elif deadline is None:
-                    patience = math.inf
-                else:
-                    patience = max(0.0, deadline - time.monotonic())
-                if patience and self._wait_cap is not None:
-                    patience = min(patience, self._wait_cap * 0.8)
-                granted, wait_ms = self.do_acquire(_patience_ms(patience))
-                if granted:
-                    self._held = True
-                    self.lost = False
-                    acquire_log.debug("acquired a permit of %r (limit %s)", self.name, self.limit)
-                    return True
-                if not patience:
-                    acquire_log.debug("semaphore %r full, not waiting longer", self.name)
-                    return False
-                self.do_wait(wait_ms / 1000)
+            attempt = yield from lease.acquire(
+                lambda patience, waited: Call("semaphore_try", (self, _patience_ms(patience))),
+                lambda seconds: Call("semaphore_wait", (self, seconds)),
+                blocking=blocking,
+                timeout=timeout,
+                default_wait=self.ttl,
+                give_back=Call("semaphore_release", (self, True)),
+                what=f"{self.kind} {self.name!r}",
+                on_refused=self._on_refused,
+            )
         except BaseException:
-            self._abandon()
+            self._spent = True  # given back (or refused as given back): a new id next time
             raise
+        if attempt is None:
+            acquire_log.debug("%s %r full, not waiting longer", self.kind, self.name)
+            return False
+        self._held = True
+        self.lost = False
+        acquire_log.debug("acquired a permit of %r (limit %s)", self.name, self.limit)
+        return True
+
+    def _on_refused(self, attempt: Attempt) -> None:
+        """After a refused try (a fair waiter follows its ticket)."""
 
     def release(self) -> None:
-        """Give the permit back, waking a waiter.
+        """Give the permit back, waking the waiters it lets in.
+
+        Safe to repeat: a release that ran but whose reply was lost reports
+        success, since the backend remembers the given-back id for one lease.
+        A lost reply is followed by one repeat bounded by
+        ``GIVE_BACK_TIMEOUT``; when that fails too,
+        :class:`~stock_locks.exceptions.BackendUnavailable` propagates and this
+        object still holds the permit (call ``release()`` again). Any other
+        exception during the round trip (KeyboardInterrupt, a Celery soft time
+        limit) gives the permit back by one bounded round trip, then propagates.
 
         Raises :class:`LockError` (no round trip) when this object holds no
-        permit, and :class:`LockNotOwned` when Redis says its lease had already
-        ended (its permit was free to others meanwhile); the entry is removed
-        either way, and this object may acquire again.
+        permit, and :class:`LockNotOwned` when the backend says its lease had
+        already ended (its permit was free to others meanwhile); the entry is
+        removed either way, and this object may acquire again.
         """
+        self._run(self._release_steps())
+
+    def _release_steps(self) -> lease.Steps[None]:
         if not self._held:
             raise LockError(
                 f"cannot release {self.name!r}: no permit held by this object", name=self.name
             )
-        self._held = False
-        if not self.do_release():
+        call = Call("semaphore_release", (self, False))
+        try:
+            live = (yield from lease.repeatable(call)) == 1
+        except (BackendUnavailable, GeneratorExit):
+            raise  # still held: release() again
+        except BaseException:
+            if (yield from lease.give_back_once(call)) is None:
+                release_log.warning(
+                    "%s %r: release interrupted and the permit could not be given back; "
+                    "release() again, or it frees when its lease ends",
+                    self.kind,
+                    self.name,
+                )
+            else:
+                self._held, self._spent = False, True
+            raise
+        self._held, self._spent = False, True
+        if not live:
             self.lost = True
             raise LockNotOwned(
                 f"semaphore {self.name!r}: this holder's lease had ended before the release "
@@ -249,77 +307,67 @@ class Semaphore(LeaseGuard):
     def refresh(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` seconds from now (default: this semaphore's ``ttl``).
 
+        Safe to repeat; a lost reply is followed by one repeat bounded by
+        ``GIVE_BACK_TIMEOUT`` (when that fails too,
+        :class:`~stock_locks.exceptions.BackendUnavailable` propagates and the
+        lease is as the server left it).
+
         Raises :class:`LockError` (no round trip) when this object holds no
-        permit or ``ttl`` is not positive, and :class:`LockNotOwned` when the
-        lease has already ended on the Redis clock (then ``lost`` is set and
-        nothing is renewed; ``release()`` raises too).
+        permit or ``ttl`` is not a positive number, and :class:`LockNotOwned`
+        when the lease has already ended on the server's clock (then ``lost``
+        is set and nothing is renewed; ``release()`` raises too).
         """
+        self._run(self._refresh_steps(ttl))
+
+    def _refresh_steps(self, ttl: float | None) -> lease.Steps[None]:
         if not self._held:
             raise LockError(
                 f"cannot refresh {self.name!r}: no permit held by this object", name=self.name
             )
-        ttl_ms = self._ttl_ms if ttl is None else seconds_to_ms(ttl, "ttl", self.name)
-        if not self.do_refresh(ttl_ms):
+        ttl_ms = self._ttl_ms if ttl is None else _validate.lease_ms(ttl, "ttl", self.name)
+        if (yield from lease.repeatable(Call("semaphore_refresh", (self, ttl_ms)))) != 1:
             self.lost = True
             refresh_log.warning("semaphore %r: lease ended before it was refreshed", self.name)
             raise LockNotOwned(
                 f"cannot refresh {self.name!r}: this holder's lease had already ended",
                 name=self.name,
             )
+        self._lease_ms = ttl_ms
 
     def holders(self) -> list[dict[str, Any]]:
         """The live holders, oldest grant first (one round trip).
 
         Each is a dict: ``identifier``, ``host``, ``pid``, ``thread``, ``caller``,
-        ``acquired_at`` (seconds since the epoch, Redis clock) and ``remaining``
+        ``acquired_at`` (seconds since the epoch, server clock) and ``remaining``
         (seconds left of its lease). Holders whose lease has ended are left out.
         """
-        return _snapshot(self.redis, self.keys)["holders"]
+        return _snapshot(self.backend, self.keys)["holders"]
 
-    # -- the only code that talks to Redis ----------------------------------
+    # -- single backend calls, for tests and tools ----------------------------
 
-    def _holder_argv(self) -> tuple:
-        host, pid = process_identity()  # fresh in a forked child
-        return (host, pid, threading.current_thread().name, self.caller)
-
-    def do_acquire(self, patience_ms: int) -> tuple[bool, int]:
-        """One try: (granted, ms to sleep before the next try when refused).
+    def do_acquire(self, patience_ms: int) -> Attempt:
+        """One try: the backend's :class:`~stock_locks.lease.Attempt` (``wait``: how
+        long to sleep before the next try when refused).
 
         ``patience_ms`` is the longest the caller will sleep (``NO_WAIT``: it
-        will not; ``NO_BOUND``: as long as it takes).
+        will not; ``NO_BOUND``: as long as it takes); with ``NO_WAIT`` a
+        refused fair waiter is not queued, and leaves the queue if it was.
         """
-        argv = (self.id, self.limit, self._ttl_ms, patience_ms, *self._holder_argv())
-        reply = scripts.SEM_ACQUIRE(self._acquire_keys, argv, client=self.redis)
-        if reply[0] == 1:
-            return True, 0
-        return False, int(reply[1])
+        attempt = self.backend.execute(Call("semaphore_try", (self, patience_ms)))
+        if not attempt.granted:
+            self._on_refused(attempt)
+        return attempt
 
-    def do_release(self) -> bool:
-        """One release round trip: whether this id held a live permit."""
-        argv = (self.id, self.limit, int(settings.WAKE_SIGNAL_TTL * 1000))
-        return scripts.SEM_RELEASE(self._release_keys, argv, client=self.redis) == 1
+    def do_release(self, abandon: bool = False) -> bool:
+        """One release round trip: whether this id held a live permit (or this
+        repeats a release that found one). A fair semaphore's also leaves the
+        queue. ``abandon`` (after a failed acquire) also remembers the id when it
+        held nothing, so that a late copy of the acquire is refused."""
+        return self.backend.execute(Call("semaphore_release", (self, abandon))) == 1
 
-    def do_refresh(self, ttl_ms: int) -> bool:
-        """One refresh round trip: whether the lease was live and is renewed."""
-        argv = (self.id, ttl_ms)
-        return scripts.SEM_REFRESH(self._refresh_keys, argv, client=self.redis) == 1
-
-    def do_wait(self, seconds: float) -> None:
-        """Sleep until a wake-up arrives, or ``seconds`` pass."""
-        if self._wait_cap is not None:
-            seconds = min(seconds, self._wait_cap * 0.8)
-        self.redis.blpop([self._wake_key], timeout=max(seconds, MIN_WAIT))
-
-    def _abandon(self) -> None:
-        """After a failed acquire, give back a permit or place whose reply may have been lost."""
-        try:
-            self.do_release()
-        except RedisError:
-            acquire_log.warning(
-                "semaphore %r: acquire failed and its permit or place could not be given "
-                "back; if it was taken, it frees when its lease or place lapses",
-                self.name,
-            )
+    def do_wait(self, seconds: float) -> bool:
+        """Sleep until a wake-up arrives (True), or ``seconds`` pass (False)."""
+        return self.backend.execute(Call("semaphore_wait", (self, seconds)))
 
 
 class FairSemaphore(Semaphore):
@@ -332,54 +380,62 @@ class FairSemaphore(Semaphore):
     ``ticket`` is this object's ticket in its last acquire (None when it was
     admitted without queueing).
 
+    Whatever frees a permit or moves a waiter forward (a release, a grant, a
+    waiter leaving, and the next try of anyone after a lease ended) wakes the
+    waiters whose turn it brings closer, so a permit freed by an ended lease
+    goes to the next waiter when that lease ends.
+
     A waiter that gives up leaves the queue in its last try and lets the next
-    ones in. A waiter that dies keeps its place only until
-    ``STOCK_LOCKS["WAKE_SIGNAL_TTL"]`` seconds past its planned next try; one
+    ones in; one whose acquire ends with an exception leaves by a give-back.
+    A waiter that dies keeps its place only until
+    ``STOCK_LOCKS["FAIR_QUEUE_GRACE"]`` seconds past its planned next try; one
     that comes back later than that (a long pause) joins the queue again at
     the end, with a new ticket, and a WARNING is logged.
     """
 
-    def _setup_keys(self) -> None:
-        keys = self.keys
-        self._acquire_keys = (
-            keys.holders, keys.meta, keys.queue, keys.alive, keys.ticket, keys.wake_prefix,
-        )  # fmt: skip
-        self._release_keys = self._acquire_keys
-        self._refresh_keys = (keys.holders, keys.meta, keys.queue, keys.alive, keys.ticket)
-        self._wake_key = keys.wake_prefix + self.id
+    fair = True
 
-    def do_acquire(self, patience_ms: int) -> tuple[bool, int]:
-        """One try: (granted, ms to sleep before the next try when queued).
-
-        ``patience_ms`` as for :meth:`Semaphore.do_acquire`; with ``NO_WAIT``
-        a refused caller is not queued, and leaves the queue if it was.
-        """
-        grace_ms = int(settings.WAKE_SIGNAL_TTL * 1000)
-        argv = (self.id, self.limit, self._ttl_ms, patience_ms, grace_ms, *self._holder_argv())
-        reply = scripts.FAIR_ACQUIRE(self._acquire_keys, argv, client=self.redis)
-        if reply[0] == 1:
-            return True, 0
-        ticket = int(reply[3]) or None
-        if ticket is not None:
-            if self.ticket is not None and ticket != self.ticket:
-                acquire_log.warning(
-                    "fair semaphore %r: a waiter came back after its place lapsed; "
-                    "queued again with ticket %s (was %s)",
-                    self.name,
-                    ticket,
-                    self.ticket,
-                )
-            self.ticket = ticket
-        return False, int(reply[1])
-
-    def do_release(self) -> bool:
-        """One round trip: give back the permit, or leave the queue; whether a live
-        permit was held. Wakes the waiters this lets in."""
-        argv = (self.id, self.limit, int(settings.WAKE_SIGNAL_TTL * 1000))
-        return scripts.FAIR_RELEASE(self._release_keys, argv, client=self.redis) == 1
+    def _on_refused(self, attempt: Attempt) -> None:
+        ticket = attempt.ticket
+        if ticket is None:
+            return
+        if self.ticket is not None and ticket != self.ticket:
+            acquire_log.warning(
+                "fair semaphore %r: a waiter came back after its place lapsed; "
+                "queued again with ticket %s (was %s)",
+                self.name,
+                ticket,
+                self.ticket,
+            )
+        self.ticket = ticket
 
 
-def semaphore_state(name: str, *, redis: Redis | None = None) -> dict[str, Any]:
+def _semaphore_keys(backend: Backend, name: str) -> Any:
+    try:
+        return backend.semaphore_keys(name)  # type: ignore[attr-defined]
+    except ValueError as exc:
+        raise LockError(str(exc), name=name) from None
+
+
+def evict_holder(
+    name: str,
+    holder_id: str,
+    *,
+    backend: Backend | str | None = None,
+    redis: Redis | None = None,
+) -> bool:
+    """Take the permit of holder ``holder_id`` away (an operator's action); whether it
+    held a live one. Wakes the waiters this lets in. The evicted holder's next
+    ``refresh()`` or ``release()`` raises :class:`LockNotOwned`."""
+    chosen = pick_backend(backend, redis)
+    keys = _semaphore_keys(chosen, name)
+    limit = _snapshot(chosen, keys)["limit"] or 1
+    return chosen.execute(Call("semaphore_evict", (keys, holder_id, limit))) == 1
+
+
+def semaphore_state(
+    name: str, *, backend: Backend | str | None = None, redis: Redis | None = None
+) -> dict[str, Any]:
     """What the admin page shows of one semaphore, read in one round trip.
 
     Returns ``{"name", "limit", "holders", "waiting"}``: ``limit`` as stored by
@@ -387,16 +443,12 @@ def semaphore_state(name: str, *, redis: Redis | None = None) -> dict[str, Any]:
     :meth:`Semaphore.holders`, ``waiting`` the length of a fair semaphore's
     queue (places about to lapse included; 0 for a plain semaphore).
     """
-    try:
-        keys = semaphore_keys(name)
-    except ValueError as exc:
-        raise LockError(str(exc), name=name) from None
-    return {"name": name, **_snapshot(get_redis() if redis is None else redis, keys)}
+    chosen = pick_backend(backend, redis)
+    return {"name": name, **_snapshot(chosen, _semaphore_keys(chosen, name))}
 
 
-def _snapshot(client: Redis, keys: SemaphoreKeys) -> dict[str, Any]:
-    reply = scripts.SEM_STATE((keys.holders, keys.meta, keys.queue), (), client=client)
-    _now_ms, limit, waiting, flat = reply
+def _snapshot(backend: Backend, keys: Any) -> dict[str, Any]:
+    _now_ms, limit, waiting, flat = backend.execute(Call("semaphore_state", (keys,)))
     holders = []
     for member, remaining_ms, metadata in zip(flat[::3], flat[1::3], flat[2::3], strict=True):
         info = json.loads(metadata) if metadata else {}

@@ -1,11 +1,15 @@
 """Fixtures: the suite's own redis-server processes, and a clean Redis per test.
 
-- ``redis_server``: one private redis-server for the whole run; Django's
-  default cache (and so stock_locks) points at it.
+- ``redis_server``: one private redis-server for the whole run; stock_locks'
+  cache alias points at its db 0, Django's default cache at its db 1.
 - ``redis_client``: a client of it; every test starts with it flushed.
 - ``redis_factory``: more servers (Redlock, replicas, fault tests), each stopped
   by PID when the test ends.
 - ``use_redis``: point stock_locks at another server for one test.
+- ``redlock``: the ``"redlock"`` backend over three private masters (flushed, and
+  restarted when a test killed one), for this test and the processes it spawns.
+
+Tests under a ``faults/`` directory (tests/faults, tests/demo/faults) are marked ``faults``.
 """
 
 from __future__ import annotations
@@ -14,12 +18,22 @@ import copy
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.test import override_settings
 
+from tests.settings import redis_db, redlock_backend
 from tests.support.redis_servers import RedisServer
+
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "faults" in Path(item.path).resolve().relative_to(TESTS).parts[:-1]:
+            item.add_marker(pytest.mark.faults)
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +48,8 @@ def redis_server() -> Iterator[RedisServer]:
 @contextmanager
 def _default_cache_at(url: str) -> Iterator[None]:
     caches = copy.deepcopy(settings.CACHES)
-    caches["default"]["LOCATION"] = url
+    caches["stock_locks"]["LOCATION"] = url
+    caches["default"]["LOCATION"] = redis_db(url, 1)
     with override_settings(CACHES=caches):
         yield
 
@@ -63,7 +78,7 @@ def redis_factory() -> Iterator[Callable[..., RedisServer]]:
 
 @pytest.fixture
 def use_redis() -> Iterator[Callable[[RedisServer], None]]:
-    """``use_redis(server)`` points the default cache (and stock_locks) at ``server``."""
+    """``use_redis(server)`` points stock_locks (and Django's cache) at ``server``."""
     stack = []
 
     def point(server: RedisServer) -> None:
@@ -74,3 +89,28 @@ def use_redis() -> Iterator[Callable[[RedisServer], None]]:
     yield point
     while stack:
         stack.pop().__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def redlock_servers() -> Iterator[list[RedisServer]]:
+    servers = [RedisServer().start() for _ in range(3)]
+    yield servers
+    for server in servers:
+        server.cleanup()
+
+
+@pytest.fixture
+def redlock(redlock_servers: list[RedisServer]) -> Iterator[list[RedisServer]]:
+    """stock_locks' ``"redlock"`` backend over three masters; yields the servers."""
+    for server in redlock_servers:
+        if server.process is None or server.process.poll() is not None:
+            server.restart()
+        server.client().flushall()
+    urls = [server.url for server in redlock_servers]
+    os.environ["STOCK_LOCKS_REDLOCK_URLS"] = ",".join(urls)
+    backends = {"redlock": redlock_backend(urls)}
+    try:
+        with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "BACKENDS": backends}):
+            yield redlock_servers
+    finally:
+        del os.environ["STOCK_LOCKS_REDLOCK_URLS"]

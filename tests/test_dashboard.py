@@ -7,18 +7,23 @@ import re
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.contrib.staticfiles import finders
+from django.templatetags.static import static
 from django.test import Client
 from django.urls import reverse
 
-from demo_shop.shop.models import Product
 from stock_locks import DelayQueue, Lock, Semaphore, scripts
 from stock_locks.exceptions import LockNotOwned, StaleFencingToken
 from stock_locks.fencing import fenced_update
 from stock_locks.keys import StockKeys, lock_keys
-from stock_locks.locks import acquire_argv, holder_argv
+from stock_locks.locks import acquire_argv, acquire_keys, holder_argv
 from stock_locks.models import AuditEntry
+from tests.inventory.models import Item
+from tests.support import csp
 from tests.support.processes import event, start_process
-from tests.support.waiting import TIMEOUT
+from tests.support.redis_stats import commandstats
+from tests.support.served_page import ServedPage
+from tests.support.waiting import TIMEOUT, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -124,7 +129,7 @@ def test_shows_a_lock_held_by_another_process_a_semaphore_holder_and_drift(redis
         assert acquired.wait(TIMEOUT)
         permit = Semaphore("exports", limit=3, ttl=60)
         permit.acquire()
-        Product.objects.create(sku="TEA", name="Tea", stock=5)
+        Item.objects.create(code="TEA", title="Tea", on_hand=5)
         redis_client.set(StockKeys().counter("TEA"), 9)  # changed behind the app's back
         client = client_for(User.objects.create_superuser("root", password="pw"))
         data = client.get(reverse(JSON)).json()
@@ -141,7 +146,9 @@ def test_shows_a_lock_held_by_another_process_a_semaphore_holder_and_drift(redis
             "db": 5,
             "redis": 9,
             "reserved": 0,
+            "in_flight": 0,
             "drift": 4,
+            "settled": True,
         }
         page = client.get(reverse(PAGE)).content
         assert b"order:77" in page and b"exports" in page
@@ -150,15 +157,20 @@ def test_shows_a_lock_held_by_another_process_a_semaphore_holder_and_drift(redis
         holder.join(TIMEOUT)
 
 
-def test_ten_thousand_locks_are_listed_with_scan_one_page_at_a_time(redis_client):
-    keys = [lock_keys(f"cart:{n:05d}") for n in range(10_000)]
+def seed_locks(redis_client, names, ttl_ms=300_000) -> None:
+    """Grant each lock of ``names`` to a token of its own, as Lock.acquire would."""
     pipe = redis_client.pipeline(transaction=False)
     holder = holder_argv("tests.seed", False)
-    for n, k in enumerate(keys):
-        argv = acquire_argv(f"{n:032x}", 300_000, 0, holder, False)
-        pipe.evalsha(scripts.LOCK_ACQUIRE.sha, 3, k.lock, k.fence, k.holder, *argv)
+    for n, name in enumerate(names):
+        keys = acquire_keys(lock_keys(name))
+        argv = acquire_argv(f"{n:032x}", ttl_ms, 0, holder, False)
+        pipe.evalsha(scripts.LOCK_ACQUIRE.sha, len(keys), *keys, *argv)
     redis_client.script_load(scripts.LOCK_ACQUIRE.script)
     pipe.execute()
+
+
+def test_ten_thousand_locks_are_listed_one_page_at_a_time(redis_client):
+    seed_locks(redis_client, [f"cart:{n:05d}" for n in range(10_000)])
     client = client_for(User.objects.create_superuser("root", password="pw"))
     redis_client.config_resetstat()
     first = client.get(reverse(JSON)).json()["locks"]
@@ -169,29 +181,200 @@ def test_ten_thousand_locks_are_listed_with_scan_one_page_at_a_time(redis_client
     found = client.get(reverse(JSON), {"q": "cart:0042"}).json()["locks"]
     assert [row["name"] for row in found["rows"]] == [f"cart:0042{d}" for d in range(10)]
     stats = redis_client.info("commandstats")
-    assert "cmdstat_keys" not in stats and stats["cmdstat_scan"]["calls"] > 10
+    assert "cmdstat_keys" not in stats
     assert client.get(reverse(PAGE)).status_code == 200
+
+
+def test_the_lock_list_reads_the_held_locks_not_the_keyspace(redis_client):
+    from stock_locks.dashboard import lock_page
+
+    pipe = redis_client.pipeline(transaction=False)
+    for n in range(50_000):  # unrelated keys, some looking like lock keys
+        pipe.set(f"sl:lock:{{other:{n}}}:fence" if n % 2 else f"app:{n}", 1)
+    pipe.execute()
+    seed_locks(redis_client, ["order:1", "order:2", "}hostile{", "100%"])
+    redis_client.config_resetstat()
+    page = lock_page()
+    assert page["total"] == 4
+    assert [row["name"] for row in page["rows"]] == ["100%", "order:1", "order:2", "}hostile{"]
+    stats = {k: v for k, v in commandstats(redis_client).items() if "config" not in k}
+    assert "cmdstat_scan" not in stats and "cmdstat_keys" not in stats
+    # One round trip for the names (index + clock), one for the rows shown.
+    assert stats == {
+        "cmdstat_time": 1, "cmdstat_zrange": 1, "cmdstat_hgetall": 4, "cmdstat_pttl": 4,
+    }  # fmt: skip
+
+
+def test_a_lapsed_or_released_lock_drops_out_of_the_list(redis_client):
+    from stock_locks.dashboard import lock_page
+    from stock_locks.keys import lock_index_key
+
+    held, released = Lock("held", ttl=60), Lock("released", ttl=60)
+    held.acquire()
+    released.acquire()
+    released.release()
+    seed_locks(redis_client, ["crashed"])
+    assert [row["name"] for row in lock_page()["rows"]] == ["crashed", "held"]
+    # The crashed holder's lease ends (stage it on the Redis clock: a past score).
+    redis_client.zadd(lock_index_key(), {"sl:lock:{crashed}": 1})
+    redis_client.pexpire(lock_keys("crashed").lock, 1)
+    page = lock_page()
+    assert page["total"] == 1 and [row["name"] for row in page["rows"]] == ["held"]
+    # Grants now and then prune lapsed entries: the index does not keep them.
+    another = Lock("another", ttl=60)
+
+    def pruned() -> bool:
+        with another:
+            return redis_client.zscore(lock_index_key(), "sl:lock:{crashed}") is None
+
+    wait_until(pruned, what="the lapsed entry pruned by a grant")
+    assert redis_client.zrange(lock_index_key(), 0, -1) == [b"sl:lock:{held}"]
+    held.release()
+    assert not redis_client.exists(lock_index_key())
+
+
+# -- the served page: complete without JavaScript, nothing inline ----------------------
+
+
+def seed_every_section(redis_client) -> dict:
+    """A held lock, a semaphore holder, a delay queue with a dead letter, a drifting SKU."""
+    lock = Lock("order:9", ttl=60, caller="tests.checkout")
+    lock.acquire()
+    permit = Semaphore("exports", limit=3, ttl=60, caller="tests.export")
+    permit.acquire()
+    queue = DelayQueue("default", max_attempts=1)  # a missing handler: dead at once
+    queue.schedule("no.such.task", {"n": 1}, id="lost & found")
+    queue.schedule("no.such.task", {"n": 2}, id="later", delay=600)
+    queue.drain()
+    Item.objects.create(code="TEA", title="Tea", on_hand=5)
+    redis_client.set(StockKeys().counter("TEA"), 9)
+    return {"lock": lock, "permit": permit}
+
+
+def links(row) -> dict[str, str]:
+    """A table row's links: text -> href."""
+    return {link["text"]: link["attrs"]["href"] for cell in row["cells"] for link in cell["links"]}
+
+
+def test_the_served_page_renders_every_table_and_links_each_action(redis_client):
+    seeded = seed_every_section(redis_client)
+    lock, permit = seeded["lock"], seeded["permit"]
+    client = client_for(User.objects.create_superuser("root", password="pw"))
+    page = ServedPage(client.get(reverse(PAGE)).content.decode())
+
+    [row] = page.rows("sl-locks")
+    cells = [cell["text"] for cell in row["cells"]]
+    assert row["attrs"]["data-lock"] == "order:9"
+    assert cells[0] == "order:9" and f" / {os.getpid()} / " in cells[1]
+    assert cells[2:6] == ["tests.checkout", f"{lock.token[:8]}…", str(lock.fence), "1"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", cells[6])  # acquired, UTC
+    assert 50 < float(cells[7]) <= 60 and cells[8] == "off"
+    assert page.text("sl-lock-total") == "1" and page.text("sl-lock-pages") == ""
+    release = links(row)["Force release"]
+
+    [row] = page.rows("sl-semaphores")
+    assert row["attrs"]["data-semaphore"] == "exports"
+    assert [cell["text"] for cell in row["cells"]][:2] == ["exports", "3"]
+    evict = links(row)["Evict"]
+
+    [row] = page.rows("sl-queues")
+    assert [cell["text"] for cell in row["cells"]][:5] == ["default", "0", "1", "0", "1"]
+    [row] = page.rows("sl-dead")
+    assert row["attrs"]["data-dead"] == "lost & found"
+    assert [cell["text"] for cell in row["cells"]][1:4] == ["lost & found", "no.such.task", "1"]
+    requeue, discard = links(row)["Requeue"], links(row)["Discard"]
+
+    [row] = page.rows("sl-stock")
+    assert row["attrs"] == {"data-sku": "TEA", "class": "sl-drift"}
+    assert [cell["text"] for cell in row["cells"]] == ["TEA", "5", "9", "0", "0", "4"]
+    assert page.text("sl-drifting") == "1"
+    reconcile = page.by_id["sl-reconcile"]["attrs"]["href"]
+
+    # Each link opens its confirm page, ready to act on exactly what the row showed.
+    expected = {
+        release: ("release_lock", {"name": "order:9", "token": lock.token}),
+        evict: ("evict_holder", {"name": "exports", "holder": permit.id}),
+        requeue: ("requeue", {"queue": "default", "id": "lost & found"}),
+        discard: ("discard", {"queue": "default", "id": "lost & found"}),
+        reconcile: ("reconcile", {}),
+    }
+    for href, (action, params) in expected.items():
+        assert href.startswith(action_url(action))
+        confirm = client.get(href)
+        assert confirm.status_code == 200 and b"Yes, I" in confirm.content, href
+        for name, value in params.items():
+            assert re.search(
+                rf'name="{name}" value="{re.escape(value)}"'.encode(),
+                confirm.content.replace(b"&amp;", b"&"),
+            )
+    lock.release()
+    permit.release()
+
+
+def test_the_served_page_has_nothing_inline_under_a_strict_policy(redis_client, settings):
+    seed_every_section(redis_client)
+    settings.MIDDLEWARE = csp.with_strict_csp(settings.MIDDLEWARE)
+    client = client_for(User.objects.create_superuser("root", password="pw"))
+    response = client.get(reverse(PAGE))
+    assert response["Content-Security-Policy"] == csp.POLICY
+    page = ServedPage(response.content.decode())
+    assert page.inline == []
+    assert (static("stock_locks/dashboard.js"), True) in page.scripts  # deferred
+    assert static("stock_locks/dashboard.css") in page.stylesheets
+    assert finders.find("stock_locks/dashboard.js") and finders.find("stock_locks/dashboard.css")
+    for action, params in [
+        ("release_lock", {"name": "order:9"}),
+        ("evict_holder", {"name": "exports", "holder": "x"}),
+        ("requeue", {"queue": "default", "id": "lost & found"}),
+        ("reconcile", {}),
+    ]:
+        assert ServedPage(client.get(action_url(action), params).content.decode()).inline == []
+
+
+def test_the_held_locks_pages_are_links_on_the_served_page(redis_client):
+    seed_locks(redis_client, [f"cart:{n:03d}" for n in range(205)])
+    client = client_for(User.objects.create_superuser("root", password="pw"))
+    first = ServedPage(client.get(reverse(PAGE)).content.decode())
+    assert first.text("sl-lock-pages") == "page 1 of 3 next ›"
+    assert [link["attrs"]["href"] for link in first.by_id["sl-lock-pages"]["links"]] == ["?page=2"]
+    assert [row["attrs"]["data-lock"] for row in first.rows("sl-locks")][::99] == [
+        "cart:000", "cart:099",
+    ]  # fmt: skip
+    last = ServedPage(client.get(reverse(PAGE), {"page": 3}).content.decode())
+    assert last.text("sl-lock-pages") == "page 3 of 3 ‹ previous"
+    assert [row["attrs"]["data-lock"] for row in last.rows("sl-locks")] == [
+        "cart:200", "cart:201", "cart:202", "cart:203", "cart:204",
+    ]  # fmt: skip
+    found = ServedPage(client.get(reverse(PAGE), {"q": "cart:", "page": 2}).content.decode())
+    assert found.text("sl-lock-pages") == "page 2 of 3 ‹ previous next ›"
+    assert [link["attrs"]["href"] for link in found.by_id["sl-lock-pages"]["links"]] == [
+        "?q=cart%3A&page=1", "?q=cart%3A&page=3",
+    ]  # fmt: skip
+    none = ServedPage(client.get(reverse(PAGE), {"q": "no such lock"}).content.decode())
+    assert [row["cells"][0]["text"] for row in none.rows("sl-locks")] == [
+        "No held lock matches the search."
+    ]
 
 
 # -- actions and what they displace ------------------------------------------------------
 
 
 def test_force_released_holder_cannot_write_through_a_fenced_update(redis_client):
-    product = Product.objects.create(sku="KETTLE", name="Kettle", stock=5)
-    stuck = Lock("shop.product:KETTLE", ttl=300)
+    item = Item.objects.create(code="KETTLE", title="Kettle", on_hand=5)
+    stuck = Lock("inventory.item:KETTLE", ttl=300)
     stuck.acquire()
     client = client_for(User.objects.create_superuser("root", password="pw"))
     client.post(
         action_url("release_lock"),
-        {"name": "shop.product:KETTLE", "token": stuck.token, "confirm": "yes"},
+        {"name": "inventory.item:KETTLE", "token": stuck.token, "confirm": "yes"},
     )
-    with Lock("shop.product:KETTLE", ttl=30, timeout=0) as newer:
+    with Lock("inventory.item:KETTLE", ttl=30, timeout=0) as newer:
         assert newer.fence > stuck.fence
-        fenced_update(Product.objects.filter(pk=product.pk), newer.fence, stock=4)
+        fenced_update(Item.objects.filter(pk=item.pk), newer.fence, on_hand=4)
     # The old holder wakes up and writes with its (older) fence: refused.
     with pytest.raises(StaleFencingToken):
-        fenced_update(Product.objects.filter(pk=product.pk), stuck.fence, stock=0)
-    assert Product.objects.get(pk=product.pk).stock == 4
+        fenced_update(Item.objects.filter(pk=item.pk), stuck.fence, on_hand=0)
+    assert Item.objects.get(pk=item.pk).on_hand == 4
     with pytest.raises(LockNotOwned):
         stuck.release()
 
@@ -222,7 +405,7 @@ def test_evict_requeue_discard_and_reconcile_are_audited(redis_client):
     with pytest.raises(LockNotOwned):
         permit.refresh()
 
-    queue = DelayQueue("default")
+    queue = DelayQueue("default", max_attempts=1)  # a missing handler: dead at once
     queue.schedule("no.such.task", {"n": 1}, id="lost-1")
     queue.schedule("no.such.task", {"n": 2}, id="lost-2")
     queue.drain()
@@ -231,7 +414,7 @@ def test_evict_requeue_discard_and_reconcile_are_audited(redis_client):
     stats = queue.stats()
     assert (stats["due_now"], stats["dead"]) == (1, 0)
 
-    Product.objects.create(sku="TEA", name="Tea", stock=5)
+    Item.objects.create(code="TEA", title="Tea", on_hand=5)
     redis_client.set(StockKeys().counter("TEA"), 2)
     client.post(action_url("reconcile"), {"confirm": "yes"})
     assert redis_client.get(StockKeys().counter("TEA")) == b"5"
@@ -249,3 +432,24 @@ def test_audit_log_is_read_only_in_the_admin():
     changelist = client.get(reverse("admin:stock_locks_auditentry_changelist"))
     assert changelist.status_code == 200 and b"reconcile" in changelist.content
     assert client.get(reverse("admin:stock_locks_auditentry_add")).status_code == 403
+
+
+def test_the_lock_list_on_a_cluster_shows_hostile_names(redis_factory):
+    from redis.cluster import RedisCluster
+
+    from stock_locks.dashboard import lock_page
+
+    server = redis_factory("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+    server.client().execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+    wait_until(lambda: server.client().cluster("info")["cluster_state"] == "ok", what="cluster")
+    cluster = RedisCluster(host="127.0.0.1", port=server.port)
+    locks = [Lock(name, ttl=60, redis=cluster) for name in ("}x", "{a}b", "order:42", "gone")]
+    for lock in locks:
+        lock.acquire()
+    locks[-1].release()
+    page = lock_page(client=cluster)
+    assert page["total"] == 3
+    assert [(row["name"], row["fence"]) for row in page["rows"]] == [
+        ("order:42", locks[2].fence), ("{a}b", locks[1].fence), ("}x", locks[0].fence),
+    ]  # fmt: skip
+    cluster.close()

@@ -1,14 +1,21 @@
-"""DelayQueue against a real Redis: due order, de-duplication, at-least-once, dead letters."""
+"""DelayQueue against a real Redis: due order, de-duplication, at-least-once, dead letters,
+handlers found by discovery, batches that outlive a long handler."""
 
 from __future__ import annotations
 
 import datetime as dt
+import sys
 
 import pytest
+from django.conf import settings
+from django.test import override_settings
 
-from stock_locks import DelayQueue
+from stock_locks import DelayQueue, delayqueue
 from stock_locks.delayqueue import HANDLERS, InvalidSchedule, handler
+from tests.delayapp import delay_handlers as test_app_handlers
+from tests.support.celery_processes import CeleryProcess, celery_environment
 from tests.support.processes import run_in_processes
+from tests.support.waiting import wait_until
 
 
 def in_the_past(seconds: float) -> dt.datetime:
@@ -168,22 +175,99 @@ def handled():
     HANDLERS.pop("tests.explode", None)
 
 
-def test_drain_runs_handlers_acks_and_buries_unknown_tasks(queue, handled):
+def test_drain_runs_handlers_acks_and_retries_unknown_tasks(queue, handled, redis_client):
     queue.schedule("tests.record", {"n": 1}, id="ok-1")
     queue.schedule("tests.record", {"n": 2}, id="ok-2")
     queue.schedule("no.such.task", {"n": 3}, id="unknown")
     queue.schedule("tests.explode", {"n": 4}, id="bad")
     result = queue.drain()
     assert handled == [{"n": 1}, {"n": 2}]
-    assert (result.handled, result.dead, result.failed) == (2, 1, 1)
-    letters = {letter["id"]: letter for letter in queue.dead_letters()}
-    assert "no handler or Celery task" in letters["unknown"]["error"]
+    assert (result.handled, result.dead, result.failed) == (2, 0, 2)
     stats = queue.stats()
-    assert (stats["in_flight"], stats["scheduled"], stats["dead"]) == (
-        0,
-        1,
-        1,
-    )  # "bad" retries later
+    assert (stats["in_flight"], stats["scheduled"], stats["dead"]) == (0, 2, 0)  # both retry
+    seconds, micros = redis_client.time()
+    backoff = redis_client.zscore(queue.keys.due, "unknown") - (seconds * 1000 + micros // 1000)
+    assert 1_900 <= backoff <= 2_000  # the usual backoff: 2**1 s after the first delivery
+
+
+def test_an_item_without_handler_waits_for_one_then_dies_after_its_deliveries(
+    queue, handled, redis_client
+):
+    queue.schedule("tests.later", {"n": 1}, id="early")
+    queue.schedule("tests.never", {"n": 2}, id="orphan")
+    for _ in range(2):
+        assert queue.drain().failed == 2
+        redis_client.zadd(queue.keys.due, {"early": 1, "orphan": 1}, xx=True)  # due now
+    handler("tests.later")(handled.append)  # e.g. the drainer was restarted with the new code
+    try:
+        result = queue.drain()
+    finally:
+        HANDLERS.pop("tests.later", None)
+    assert (result.handled, result.dead) == (1, 1)
+    assert handled == [{"n": 1}]
+    [letter] = queue.dead_letters()
+    assert (letter["id"], letter["attempts"]) == ("orphan", 3)
+    assert "no handler or Celery task is registered for task 'tests.never'" in letter["error"]
+    assert "'delay_handlers'" in letter["error"]
+
+
+def test_release_gives_unstarted_items_back_without_counting_the_delivery(queue, redis_client):
+    for n in range(3):
+        queue.schedule("t", {"n": n}, id=f"r{n}")
+    items = queue.claim(3)
+    assert items[0].deadline_ms == redis_client.zscore(queue.keys.inflight, "r0")
+    assert queue.release(*items[1:]) == 2
+    assert queue.release(*items[1:]) == 0  # a repeat (a lost reply) changes nothing
+    again = queue.claim(3)
+    assert sorted((i.id, i.attempts) for i in again) == [("r1", 1), ("r2", 1)]
+    # r1's visibility runs out and another drainer claims it: the first claim's
+    # late release must not take it from that drainer.
+    expire_visibility(queue, redis_client, "r1")
+    [third] = queue.claim(1)
+    assert (third.id, third.attempts) == ("r1", 2)
+    assert queue.release(*[i for i in again if i.id == "r1"]) == 0
+    assert redis_client.zscore(queue.keys.inflight, "r1") == third.deadline_ms
+    assert queue.release(third) == 1
+    [fourth] = queue.claim(1)
+    assert (fourth.id, fourth.attempts) == ("r1", 2)  # the released delivery was not counted
+
+
+HANG_AT = 9  # of 20
+
+
+@pytest.fixture
+def short_queue() -> DelayQueue:
+    # Give-back after 0.5 s (GIVE_BACK_SHARE of 2 s); a wait for it is bounded by TIMEOUT.
+    return DelayQueue("short", max_attempts=3, visibility_timeout=2)
+
+
+def test_a_long_handler_holds_up_only_its_own_item(short_queue, redis_client):
+    """Items finished before it are acknowledged and the unstarted rest goes back to
+    the queue while it runs, not left in flight until the whole batch's visibility ends."""
+    queue = short_queue
+    seen: list[int] = []
+    observed: dict[str, int] = {}
+
+    def work(payload: int) -> None:
+        seen.append(payload)
+        if payload == HANG_AT and seen.count(HANG_AT) == 1:
+            # Runs until the drain's keeper has settled the batch around it.
+            wait_until(lambda: queue.stats()["in_flight"] == 1, what="the batch to be settled")
+            observed.update(queue.stats())
+
+    handler("tests.long")(work)
+    try:
+        for n in range(20):
+            queue.schedule("tests.long", n, eta=in_the_past(100 - n), id=f"l{n}")
+        result = queue.drain()
+    finally:
+        HANDLERS.pop("tests.long", None)
+    assert (observed["in_flight"], observed["due_now"]) == (1, 20 - HANG_AT - 1)
+    assert sorted(seen) == list(range(20))  # each exactly once, the long one included
+    assert (result.handled, result.released, result.batches) == (20, 20 - HANG_AT - 1, 2)
+    stats = queue.stats()
+    assert (stats["scheduled"], stats["in_flight"], stats["dead"]) == (0, 0, 0)
+    assert not redis_client.exists(queue.keys.attempts)  # given back: no delivery counted
 
 
 def _claim_and_record(index: int, batch: int) -> list[str]:
@@ -208,3 +292,59 @@ def test_concurrent_drainers_never_get_the_same_item(redis_client):
     assert len(claimed) == 3000
     assert len(set(claimed)) == 3000
     assert queue.stats()["scheduled"] == 0 and queue.stats()["in_flight"] == 0
+
+
+def test_a_batch_past_its_give_back_time_still_makes_progress(queue, handled, monkeypatch):
+    """Every batch is "late" at once: each claim starts its first item only and gives the
+    rest back, so the drain still hands out every item, once, without counting deliveries."""
+    monkeypatch.setattr(delayqueue, "GIVE_BACK_SHARE", 0)
+    for n in range(5):
+        queue.schedule("tests.record", n, eta=in_the_past(10 - n), id=f"p{n}")
+    result = queue.drain()
+    assert handled == [0, 1, 2, 3, 4]
+    assert (result.handled, result.batches, result.released) == (5, 5, 4 + 3 + 2 + 1)
+    assert queue.stats()["scheduled"] == 0 and queue.stats()["in_flight"] == 0
+
+
+# -- handler discovery -------------------------------------------------------------------
+
+TEST_APP = "tests.delayapp"
+TEST_APP_HANDLERS = f"{TEST_APP}.delay_handlers"
+
+
+@pytest.fixture
+def undiscovered():
+    """The test app's handler module neither imported nor registered, before and after."""
+
+    def forget() -> None:
+        sys.modules.pop(TEST_APP_HANDLERS, None)
+        HANDLERS.pop(test_app_handlers.COUNT_TASK, None)
+
+    forget()
+    yield
+    forget()
+
+
+def test_handlers_of_an_installed_app_are_found_when_django_is_ready(undiscovered):
+    assert test_app_handlers.COUNT_TASK not in HANDLERS
+    with override_settings(INSTALLED_APPS=[*settings.INSTALLED_APPS, TEST_APP]):  # ready() again
+        assert test_app_handlers.COUNT_TASK in HANDLERS
+        assert HANDLERS[test_app_handlers.COUNT_TASK].__module__ == TEST_APP_HANDLERS
+
+
+def test_a_drainer_process_handles_an_item_whose_handler_module_nobody_imports(redis_client):
+    """``run_delay_queue`` set up with the test app installed: the handler is known
+    only through discovery (before, the item was dead-lettered on first delivery)."""
+    env = celery_environment(DJANGO_SETTINGS_MODULE="tests.delayapp.settings")
+    drainer = CeleryProcess("drainer", "discovery", env, ("--queue", "discovery")).start()
+    queue = DelayQueue("discovery")
+    try:
+        queue.schedule(test_app_handlers.COUNT_TASK, {"n": "found"}, id="found")
+        wait_until(
+            lambda: redis_client.hget(test_app_handlers.COUNTS, "found") or queue.stats()["dead"],
+            what="the item to be handled (or buried)",
+        )
+    finally:
+        drainer.stop()
+    assert queue.dead_letters() == []
+    assert redis_client.hget(test_app_handlers.COUNTS, "found") == b"1"

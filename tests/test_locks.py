@@ -40,7 +40,8 @@ def test_grant_sets_token_fence_and_holder_metadata_with_one_lease(redis_client)
     assert abs(int(holder["acquired_at"]) - server_ms) < 5_000  # the Redis clock, in ms
     for key in ("sl:lock:{order:42}", "sl:lock:{order:42}:holder"):
         assert 15_000 < redis_client.pttl(key) <= 20_000
-    assert redis_client.ttl("sl:lock:{order:42}:fence") == -1  # the fence counter never expires
+    # The fence counter is kept FENCE_RETENTION (a day) after the last grant.
+    assert 86_000 < redis_client.ttl("sl:lock:{order:42}:fence") <= 86_400
     lock.release()
     assert not redis_client.exists("sl:lock:{order:42}", "sl:lock:{order:42}:holder")
 
@@ -76,16 +77,21 @@ def test_uncontended_cycle_is_two_round_trips(redis_server, redis_client):
 def test_all_keys_of_a_lock_share_one_hash_slot(redis_client):
     from redis.crc import key_slot
 
-    lock = Lock("{weird}name:}x", ttl=5)
-    assert len({key_slot(k.encode()) for k in lock.keys}) == 1
+    from stock_locks.keys import lock_keys
+
+    for name in ("{weird}name:}x", "}starts", "{", "}", "%7D", "a}{b", "order:42"):
+        # On a cluster, the held-locks index is the one of the lock's own slot.
+        assert len({key_slot(k.encode()) for k in lock_keys(name, cluster=True)}) == 1, name
+        lock = Lock(name, ttl=5)  # one server: one index for all locks
+        assert len({key_slot(k.encode()) for k in lock.keys if k != lock.keys.index}) == 1
 
 
 def test_retried_acquire_with_the_same_token_is_granted_the_same_fence(redis_client):
     lock = Lock("retry", ttl=5)
     first = lock.do_acquire("t" * 32, 0)
     second = lock.do_acquire("t" * 32, 0)  # the reply of the first was "lost"
-    assert first == second and first[0] is True and first[2] == 1
-    assert redis_client.get("sl:lock:{retry}:fence") == str(first[1]).encode()
+    assert first == second and first.granted and first.count == 1
+    assert redis_client.get("sl:lock:{retry}:fence") == str(first.fence).encode()
 
 
 # -- ownership -------------------------------------------------------------------
@@ -127,7 +133,7 @@ def test_expired_lock_is_free_to_others(redis_client):
     wait_until(lambda: not redis_client.exists("sl:lock:{exp}"), what="expiry")
     other = Lock("exp", ttl=30, timeout=0)
     assert other.acquire()
-    assert other.fence == holder.fence + 1
+    assert other.fence > holder.fence
     with pytest.raises(LockNotOwned):
         holder.release()
     assert other.owned()
@@ -139,7 +145,7 @@ def test_waiter_whose_holder_died_is_granted_when_the_lease_runs_out(redis_clien
     dead.acquire()
     waiter = Lock("dead", ttl=5, timeout=TIMEOUT)
     assert waiter.acquire()
-    assert waiter.fence == dead.fence + 1
+    assert waiter.fence > dead.fence
 
 
 def test_fences_keep_rising_when_redis_loses_its_data(redis_client):
@@ -213,7 +219,7 @@ def test_reentrant_owner_counts_holds_and_only_the_last_release_frees(redis_clie
     outer.release()
     assert not redis_client.exists("sl:lock:{re}")
     with Lock("re", ttl=10, reentrant=True) as again:
-        assert again.fence == first_fence + 1
+        assert again.fence > first_fence
 
 
 # -- wake-up on release ------------------------------------------------------------
@@ -284,6 +290,7 @@ def _increment_under_lock(index: int, rounds: int) -> list[tuple[int, int]]:
     return seen
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_mutual_exclusion_across_8_processes(redis_client):
     per_process = run_in_processes(_increment_under_lock, 8, 200)
@@ -424,3 +431,275 @@ def test_a_wait_longer_than_the_socket_timeout_is_sliced_not_failed(redis_server
     Lock("slow", ttl=30, redis=client).acquire()
     waiter = Lock("slow", ttl=30, timeout=1.0, redis=client)
     assert waiter.acquire() is False
+
+
+# -- wait_for_signal: a client-side deadline on BLPOP ------------------------------
+
+
+def test_wait_for_signal_pops_a_pushed_signal(redis_client):
+    from stock_locks.wakeup import wait_for_signal
+
+    redis_client.rpush("sig", 1)
+    assert wait_for_signal(redis_client, "sig", 5) is True
+    assert not redis_client.exists("sig")
+
+
+def test_wait_for_signal_is_woken_by_a_push_from_another_client(redis_server, redis_client):
+    from stock_locks.wakeup import wait_for_signal
+
+    client = redis.Redis(port=redis_server.port, socket_timeout=None)
+    woken: list[bool] = []
+    waiter = threading.Thread(target=lambda: woken.append(wait_for_signal(client, "sig", TIMEOUT)))
+    waiter.start()
+    wait_until(lambda: blocked_clients(redis_client) == 1, what="waiter blocked in BLPOP")
+    redis_client.rpush("sig", 1)
+    waiter.join(TIMEOUT)
+    assert woken == [True]
+
+
+def test_wait_for_signal_gives_up_client_side_and_leaves_no_blpop_behind(
+    redis_server, redis_client
+):
+    from stock_locks.wakeup import wait_for_signal
+
+    client = redis.Redis(port=redis_server.port)
+    # The server-side BLPOP timeout is beyond the wait: only the client's
+    # deadline can have ended it, by dropping the connection.
+    assert wait_for_signal(client, "sig", 0.05) is False
+    wait_until(lambda: blocked_clients(redis_client) == 0, what="server freed the BLPOP")
+    redis_client.rpush("sig", 1)  # a later signal is not eaten by the abandoned BLPOP
+    assert redis_client.llen("sig") == 1
+    assert client.ping()  # the pool hands out a working connection again
+    assert wait_for_signal(client, "sig", 1) is True
+
+
+def test_wait_for_signal_longer_than_the_socket_timeout(redis_server, redis_client):
+    from stock_locks.wakeup import wait_for_signal
+
+    client = redis.Redis(port=redis_server.port, socket_timeout=0.1)
+    assert wait_for_signal(client, "sig", 0.3) is False  # no TimeoutError from redis-py
+
+
+# -- re-entry, shared objects, repeated releases, fences, arguments ---------------------
+
+
+def test_reentry_after_the_lease_ended_raises_and_grants_nothing(redis_client):
+    lock = Lock("re-lost", ttl=30, reentrant=True)
+    lock.acquire()
+    first_fence = lock.fence
+    redis_client.pexpire(lock.keys.lock, 1)  # the lease ends now
+    wait_until(lambda: not redis_client.exists(lock.keys.lock), what="lease end")
+    counter = redis_client.get(lock.keys.fence)
+    with pytest.raises(LockNotOwned):
+        lock.acquire()
+    assert not redis_client.exists(lock.keys.lock)  # no fresh lease...
+    assert redis_client.get(lock.keys.fence) == counter  # ...and no new fence
+    assert lock.fence == first_fence and lock.lost
+    with pytest.raises(LockNotOwned):
+        lock.release()
+    # Taken over by someone else meanwhile: re-entry refused too, their hold untouched.
+    owner = Lock("re-lost2", ttl=30, reentrant=True)
+    owner.acquire()
+    redis_client.set(owner.keys.lock, "intruder", px=30_000)
+    with pytest.raises(LockNotOwned):
+        owner.acquire()
+    assert redis_client.get(owner.keys.lock) == b"intruder"
+    # Once the intruder is gone, the thread takes the lock afresh: one hold, one release.
+    redis_client.delete(owner.keys.lock)
+    assert owner.acquire() and owner.fence > first_fence
+    owner.release()
+    assert not redis_client.exists(owner.keys.lock)
+    with pytest.raises(LockError):
+        owner.release()  # nothing left over from the lost hold
+
+
+def test_a_reentrant_lock_shared_by_threads_keeps_each_threads_hold_apart(redis_client):
+    shared = Lock("shared", ttl=30, reentrant=True, timeout=TIMEOUT)
+    seen: dict[str, object] = {}
+    a_granted, a_lost, b_granted, a_checked = (threading.Event() for _ in range(4))
+
+    def thread_a():
+        shared.acquire()
+        seen["a_fence"] = shared.fence
+        a_granted.set()
+        a_lost.wait(TIMEOUT)
+        b_granted.wait(TIMEOUT)
+        seen["a_owned"] = shared.owned()
+        seen["a_fence_after"] = shared.fence
+        try:
+            shared.release()
+        except LockNotOwned:
+            seen["a_release"] = "LockNotOwned"
+        a_checked.set()
+
+    def thread_b():
+        a_lost.wait(TIMEOUT)
+        seen["b_granted"] = shared.acquire(timeout=0)  # another thread: another owner
+        seen["b_fence"] = shared.fence
+        b_granted.set()
+        a_checked.wait(TIMEOUT)
+        seen["b_owned"] = shared.owned()
+        shared.release()
+
+    def thread_c():
+        try:
+            shared.release()  # holds nothing: may not release another thread's hold
+        except LockError as exc:
+            seen["c_release"] = type(exc).__name__
+
+    threads = [threading.Thread(target=f) for f in (thread_a, thread_b)]
+    for thread in threads:
+        thread.start()
+    assert a_granted.wait(TIMEOUT)
+    third = threading.Thread(target=thread_c)
+    third.start()
+    third.join(TIMEOUT)
+    assert redis_client.exists(shared.keys.lock)  # C's release did not free A's hold
+    redis_client.pexpire(shared.keys.lock, 1)  # A's lease ends
+    wait_until(lambda: not redis_client.exists(shared.keys.lock), what="A's lease end")
+    a_lost.set()
+    for thread in threads:
+        thread.join(TIMEOUT)
+    assert seen["c_release"] == "LockError"
+    assert seen["b_granted"] is True and seen["b_fence"] > seen["a_fence"]
+    assert seen["a_owned"] is False and seen["a_fence_after"] == seen["a_fence"]
+    assert seen["a_release"] == "LockNotOwned"
+    assert seen["b_owned"] is True
+    assert not redis_client.exists(shared.keys.lock)
+
+
+def test_a_repeated_release_reports_success_a_lapsed_lease_does_not(redis_client):
+    from stock_locks.locks import NOT_OWNED, RELEASED
+
+    lock = Lock("again", ttl=30)
+    lock.acquire()
+    token = lock.token
+    assert lock.do_release(token, 1) == RELEASED
+    assert lock.do_release(token, 1) == RELEASED  # the first reply was "lost"
+    with Lock("again", ttl=30, timeout=0):  # another holder took it meanwhile
+        assert lock.do_release(token, 1) == RELEASED  # still recognised as ours, done
+        assert redis_client.exists(lock.keys.lock)  # and theirs untouched
+    lapsed = Lock("again", ttl=30)
+    lapsed.acquire()
+    redis_client.pexpire(lapsed.keys.lock, 1)
+    wait_until(lambda: not redis_client.exists(lapsed.keys.lock), what="lease end")
+    assert lapsed.do_release(lapsed.token, 1) == NOT_OWNED
+    with Lock("again", ttl=30, timeout=0), pytest.raises(LockNotOwned):
+        lapsed.release()
+
+
+def test_a_late_copy_of_a_given_up_acquire_is_refused(redis_client):
+    lock = Lock("late", ttl=30)
+    lock.do_release(
+        "t" * 32, 1, "abandon"
+    )  # the caller gave up on a try whose request is still on its way
+    with pytest.raises(LockError):
+        lock.do_acquire("t" * 32, 0)  # ...and it lands now: nothing granted
+    assert not redis_client.exists(lock.keys.lock)
+
+
+def test_a_force_released_holder_is_told_it_lost_the_lock(redis_client):
+    from stock_locks.actions import force_release_lock
+
+    lock = Lock("forced", ttl=30)
+    lock.acquire()
+    assert force_release_lock("forced", lock.token).done
+    with pytest.raises(LockNotOwned):
+        lock.release()
+
+
+def test_fences_never_fall_below_the_redis_clock_when_the_counter_is_behind(redis_client):
+    with Lock("behind", ttl=5) as first:
+        pass
+    redis_client.set("sl:lock:{behind}:fence", 5)  # a restore from an old snapshot
+    with Lock("behind", ttl=5) as after:
+        seconds, micros = redis_client.time()
+        assert first.fence < after.fence <= seconds * 1_000_000 + micros
+    redis_client.set("sl:lock:{behind}:fence", after.fence + 10**12)  # ahead of the clock
+    with Lock("behind", ttl=5) as ahead:
+        assert ahead.fence == after.fence + 10**12 + 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(ttl="5"), dict(ttl=float("nan")), dict(ttl=float("inf")), dict(ttl=True),
+        dict(timeout="5"), dict(timeout=float("nan")), dict(timeout=-1), dict(timeout=True),
+        dict(blocking="yes"), dict(reentrant=1), dict(watchdog=None),
+    ],
+)  # fmt: skip
+def test_bad_constructor_arguments_raise_lock_error(redis_client, bad):
+    with pytest.raises(LockError):
+        Lock("args", **bad)
+
+
+def test_bad_call_arguments_raise_lock_error_before_any_round_trip(redis_client):
+    lock = Lock("args", ttl=5)
+    redis_client.config_resetstat()
+    for timeout in ("5", float("nan"), -0.5, True):
+        with pytest.raises(LockError):
+            lock.acquire(timeout=timeout)
+    with pytest.raises(LockError):
+        lock.acquire(blocking="no")
+    assert "cmdstat_evalsha" not in commandstats(redis_client)
+    lock.acquire()
+    for seconds in ("5", float("nan"), float("inf"), 0, True):
+        with pytest.raises(LockError):
+            lock.extend(seconds)
+    lock.release()
+    for name in ("", None, 42):
+        with pytest.raises(LockError):
+            Lock(name)
+
+
+# -- hostile names on a real Redis Cluster ------------------------------------------------
+
+
+@pytest.fixture
+def cluster_client():
+    """A client of the test process's shared Redis Cluster (3 masters), flushed."""
+    from tests.support.redis_cluster import shared_cluster
+
+    cluster = shared_cluster()
+    cluster.flushall()
+    client = cluster.client()
+    yield client
+    client.close()
+
+
+HOSTILE = ["}starts", "{a}b", "x}", "{", "}", "%7D", "100%", "a{b}c}"]
+
+
+def test_hostile_names_keep_every_key_of_a_lock_semaphore_and_queue_in_one_slot(
+    cluster_client,
+):
+    from stock_locks.keys import delay_queue_keys, lock_keys, semaphore_keys, unescape_name
+
+    node = cluster_client.get_default_node()
+    for name in HOSTILE:
+        for keys in (
+            lock_keys(name, cluster=True),
+            semaphore_keys(name),
+            delay_queue_keys(name),
+        ):
+            slots = {
+                cluster_client.execute_command("CLUSTER KEYSLOT", key, target_nodes=node)
+                for key in keys
+            }
+            assert len(slots) == 1, (name, keys)
+        base = lock_keys(name).lock
+        assert unescape_name(base[len("sl:lock:{") : -1]) == name
+
+
+def test_locks_with_hostile_names_run_on_a_cluster(cluster_client):
+    for name in HOSTILE:
+        lock = Lock(name, ttl=30, redis=cluster_client)
+        assert lock.acquire()  # (CROSSSLOT here when a name breaks the hash tag)
+        assert not Lock(name, ttl=30, redis=cluster_client, timeout=0.01).acquire()
+        lock.extend(60)
+        lock.release()
+        with pytest.raises(LockError):
+            lock.release()
+    reentrant = Lock("}re", ttl=30, redis=cluster_client, reentrant=True)
+    with reentrant, reentrant:
+        assert reentrant.owned()

@@ -22,7 +22,7 @@ from django.views import View
 
 from stock_locks import FairSemaphore, Semaphore, limit_concurrency
 from stock_locks.exceptions import LockError, LockNotOwned, LockTimeout, RedisUnavailable
-from stock_locks.semaphores import semaphore_state
+from stock_locks.semaphores import NO_BOUND, gone_key, semaphore_state
 from tests.support.processes import event, run_in_processes, start_process
 from tests.support.redis_stats import blocked_clients, commandstats
 from tests.support.waiting import TIMEOUT, wait_until
@@ -39,6 +39,12 @@ def unbounded_client(redis_server) -> redis.Redis:
     """A client whose socket never times out, so a wait is never sliced into tries:
     a waiter granted before its bound can only have been woken."""
     return redis.Redis(port=redis_server.port, socket_timeout=None)
+
+
+def state_keys(client) -> list[bytes]:
+    """The semaphore keys that hold state (holders, waiters), not the short-lived
+    memory of given-back ids (``...:gone``, kept one lease for repeated releases)."""
+    return [key for key in client.keys("sl:sem:*") if not key.endswith(b":gone")]
 
 
 def in_thread(target, *args) -> tuple[threading.Thread, list]:
@@ -82,7 +88,14 @@ def test_grant_stores_holder_metadata_and_the_limit_with_one_lease(kind, redis_c
     sem.release()
     assert [h["identifier"] for h in other.holders()] == [other.id]
     other.release()
-    assert redis_client.keys("sl:sem:*") == []  # nothing left behind
+    # Nothing left behind but the memory of the given-back ids (so that a repeated
+    # release reports success), which expires after the longest lease.
+    assert redis_client.keys("sl:sem:*") == [b"sl:sem:{exports}:gone"]
+    assert {m.decode() for m in redis_client.zrange("sl:sem:{exports}:gone", 0, -1)} == {
+        sem.id,
+        other.id,
+    }
+    assert 55_000 < redis_client.pttl("sl:sem:{exports}:gone") <= 60_000
 
 
 @KINDS
@@ -103,7 +116,7 @@ def test_retried_acquire_with_the_same_id_is_granted_once(kind, redis_client):
     sem = kind("retry", 1, ttl=10)
     first = sem.do_acquire(0)
     second = sem.do_acquire(0)  # the reply of the first was "lost"; the semaphore is full now
-    assert first == second == (True, 0)
+    assert first == second and first.granted
     assert redis_client.zcard("sl:sem:{retry}") == 1
 
 
@@ -111,7 +124,7 @@ def test_all_keys_of_a_semaphore_share_one_hash_slot():
     from redis.crc import key_slot
 
     sem = FairSemaphore("{weird}name:}x", 2)
-    keys = [*sem.keys, sem.keys.wake_prefix + sem.id]
+    keys = [*sem.keys, sem.keys.wake_prefix + sem.id, gone_key(sem.keys)]
     assert len({key_slot(key.encode()) for key in keys}) == 1
 
 
@@ -127,25 +140,42 @@ def test_bad_arguments_are_refused_before_any_round_trip(redis_client):
     for limit in (0, -1, 1.5, True, "2", None):
         with pytest.raises(LockError, match="limit"):
             Semaphore("x", limit)
-    for ttl in (0, -1, "5", False):
+    for ttl in (0, -1, "5", False, float("nan"), float("inf")):
         with pytest.raises(LockError, match="ttl"):
             FairSemaphore("x", 2, ttl)
     with pytest.raises(LockError):
         Semaphore("", 2)
-    for timeout in (-1, "1", True):
+    for timeout in (-1, "1", True, float("nan")):
         with pytest.raises(LockError, match="timeout"):
             Semaphore("x", 2, timeout=timeout)
+    for blocking in ("yes", 1, None):
+        with pytest.raises(LockError, match="blocking"):
+            Semaphore("x", 2, blocking=blocking)
     sem = FairSemaphore("x", 2, ttl=5)
-    with pytest.raises(LockError, match="timeout"):
-        sem.acquire(timeout=-2)
+    for timeout in (-2, "5", float("nan")):
+        with pytest.raises(LockError, match="timeout"):
+            sem.acquire(timeout=timeout)
+    with pytest.raises(LockError, match="blocking"):
+        sem.acquire(blocking="no")
     for call in (sem.release, sem.refresh):
         with pytest.raises(LockError, match="no permit held"):
             call()
     assert "cmdstat_evalsha" not in commandstats(redis_client)
     sem.acquire()
-    with pytest.raises(LockError, match="ttl"):
-        sem.refresh(0)
+    for ttl in (0, "5", float("nan"), float("inf")):
+        with pytest.raises(LockError, match="ttl"):
+            sem.refresh(ttl)
     sem.release()
+
+
+def test_the_decorators_checks_are_the_shared_ones():
+    from stock_locks.semaphores import check_limit, check_timeout
+
+    assert check_limit(3) == 3 and check_timeout(None) is None and check_timeout(0.5) == 0.5
+    with pytest.raises(LockError, match="limit"):
+        check_limit(True)
+    with pytest.raises(LockError, match="timeout"):
+        check_timeout(float("nan"))
 
 
 # -- leases end on the Redis clock ----------------------------------------------------
@@ -291,15 +321,15 @@ def test_fair_waiters_are_admitted_in_arrival_order(redis_server, redis_client):
     assert [w.ticket for w in waiters] == tickets
     for flag in done[3:]:
         flag.set()
-    wait_until(lambda: not redis_client.keys("sl:sem:*"), what="keys gone")
+    wait_until(lambda: not state_keys(redis_client), what="keys gone")
 
 
 def test_a_caller_that_does_not_wait_cannot_take_the_permit_of_the_queue_head(redis_client):
     holder = FairSemaphore("line", 1, ttl=300)
     assert holder.acquire()
     head = FairSemaphore("line", 1, ttl=300)
-    granted, wait_ms = head.do_acquire(60_000)  # queued; not asleep yet (between tries)
-    assert not granted and 0 < wait_ms <= 60_000
+    attempt = head.do_acquire(60_000)  # queued; not asleep yet (between tries)
+    assert not attempt.granted and 0 < attempt.wait * 1000 <= 60_000
     for key in ("queue", "alive", "ticket"):  # its place lapses unless it comes back
         assert 0 < redis_client.pttl(f"sl:sem:{{line}}:{key}") <= 300_000
     holder.release()  # a permit is free now, and the head has been told
@@ -323,7 +353,7 @@ def test_a_fair_waiter_that_times_out_leaves_the_queue(redis_server, redis_clien
     # A waiter ahead gives up: the one behind it moves to the head, and the next
     # release wakes it (no timeout, leases of 300 s: only a wake-up can admit it).
     ahead = FairSemaphore("patience", 1, ttl=300)
-    assert ahead.do_acquire(60_000)[0] is False
+    assert ahead.do_acquire(60_000).granted is False
     behind = FairSemaphore("patience", 1, ttl=300, redis=unbounded_client(redis_server))
     thread, result = in_thread(behind.acquire)
     wait_until(lambda: blocked_clients(redis_client) == 1, what="the waiter behind asleep")
@@ -339,7 +369,7 @@ def test_a_fair_waiter_let_in_but_leaving_wakes_the_next(redis_server, redis_cli
     holder = FairSemaphore("handover", 1, ttl=300)
     assert holder.acquire()
     ahead = FairSemaphore("handover", 1, ttl=300)
-    assert ahead.do_acquire(60_000)[0] is False
+    assert ahead.do_acquire(60_000).granted is False
     behind = FairSemaphore("handover", 1, ttl=300, redis=unbounded_client(redis_server))
     thread, result = in_thread(behind.acquire)
     wait_until(lambda: blocked_clients(redis_client) == 1, what="the waiter behind asleep")
@@ -354,12 +384,12 @@ def test_a_fair_waiter_let_in_but_leaving_wakes_the_next(redis_server, redis_cli
 
 
 def test_a_dead_waiter_blocks_those_behind_only_until_its_place_lapses(redis_server, redis_client):
-    grace = {**settings.STOCK_LOCKS, "WAKE_SIGNAL_TTL": 0.1}
+    grace = {**settings.STOCK_LOCKS, "FAIR_QUEUE_GRACE": 0.1}
     with override_settings(STOCK_LOCKS=grace):
         holder = FairSemaphore("dead", 1, ttl=300)
         assert holder.acquire()
         dead = FairSemaphore("dead", 1, ttl=300)
-        assert dead.do_acquire(100)[0] is False  # queued, then never tries again
+        assert dead.do_acquire(100).granted is False  # queued, then never tries again
         behind = FairSemaphore("dead", 1, ttl=300, redis=unbounded_client(redis_server))
         thread, result = in_thread(behind.acquire)
         wait_until(lambda: redis_client.zcard("sl:sem:{dead}:queue") == 2, what="2 queued")
@@ -370,6 +400,94 @@ def test_a_dead_waiter_blocks_those_behind_only_until_its_place_lapses(redis_ser
     assert result == [True]
     assert not redis_client.exists("sl:sem:{dead}:queue", f"sl:sem:{{dead}}:wake:{dead.id}")
     behind.release()
+
+
+def _woken(client, name: str, waiter: FairSemaphore) -> bool:
+    return client.llen(f"sl:sem:{{{name}}}:wake:{waiter.id}") == 1
+
+
+def _end_lease(client, name: str, holder: Semaphore) -> None:
+    """Make ``holder``'s lease end now on the Redis clock (nobody reaps it yet)."""
+    client.zadd(f"sl:sem:{{{name}}}", {holder.id: server_ms(client) - 1})
+
+
+def test_a_lapsed_lease_hands_the_permit_on_down_the_line_without_idle_time(redis_client):
+    # Holders that let short leases run out, one after another: each permit must
+    # go to the next waiter when the lease ends, not when that waiter's own,
+    # older plan says (it was queued behind someone, and planned to look again
+    # only when the place ahead could lapse, a grace later).
+    holder = FairSemaphore("relay", 1, ttl=300)
+    assert holder.acquire()
+    first = FairSemaphore("relay", 1, ttl=1)
+    second = FairSemaphore("relay", 1, ttl=300)
+    assert first.do_acquire(NO_BOUND).granted is False  # head: waits for the holder's lease end
+    attempt = second.do_acquire(NO_BOUND)  # behind: waits for the head's place
+    assert (
+        not attempt.granted and attempt.wait * 1000 > 300_000
+    )  # (the holder's lease + the head's grace)
+    _end_lease(redis_client, "relay", holder)
+    assert first.do_acquire(NO_BOUND).granted  # the head takes the lapsed permit...
+    lease_end = redis_client.zscore("sl:sem:{relay}", first.id)
+    # ...and, its own lease being 1 s, the waiter behind is told to look again now.
+    assert _woken(redis_client, "relay", second)
+    before = server_ms(redis_client)
+    attempt = second.do_acquire(NO_BOUND)
+    assert (
+        not attempt.granted and attempt.wait * 1000 <= lease_end - before + 1
+    )  # sleeps until that lease ends
+    _end_lease(redis_client, "relay", first)
+    assert second.do_acquire(NO_BOUND).granted
+
+
+def test_a_release_wakes_every_waiter_whose_turn_it_brings_forward_and_no_other(redis_client):
+    # limit 3, leases ending at 100, 200 and 300 s; waiters at ranks 0, 1, 2 each
+    # wait for one of them. B (200 s) releases: rank 0 may take the free permit;
+    # rank 1's turn now comes when A's lease ends (100 s, not 200 s); rank 2
+    # still waits for C's (300 s) and is left asleep.
+    holders = [FairSemaphore("shift", 3, ttl=ttl) for ttl in (100, 200, 300)]
+    for holder in holders:
+        assert holder.acquire()
+    waiters = [FairSemaphore("shift", 3, ttl=300) for _ in range(3)]
+    for waiter in waiters:
+        assert waiter.do_acquire(NO_BOUND).granted is False
+    holders[1].release()
+    assert [_woken(redis_client, "shift", w) for w in waiters] == [True, True, False]
+
+    # The head takes the free permit; the next looks again and waits for A's lease.
+    assert waiters[0].do_acquire(NO_BOUND).granted
+    assert waiters[1].do_acquire(NO_BOUND).granted is False
+    assert not _woken(redis_client, "shift", waiters[2])  # C's lease is still its turn
+    # A waiter ahead that gives up moves those behind it forward in the same way.
+    assert not waiters[1].acquire(timeout=0)  # its last try: it leaves the queue
+    assert _woken(redis_client, "shift", waiters[2])  # now A's lease end is its turn
+
+
+@KINDS
+def test_a_late_copy_of_a_given_back_try_is_refused(kind, redis_client):
+    # An interrupted acquire gives back what its try may have been granted; the
+    # try itself can still be on its way and land after the give-back.
+    sem = kind("late", 1, ttl=300)
+    assert sem.do_release(abandon=True) is False  # the give-back lands first...
+    with pytest.raises(LockError, match="given back"):
+        sem.do_acquire(NO_BOUND)  # ...then the try it gave up on: refused
+    assert redis_client.zcard("sl:sem:{late}") == 0
+    assert not redis_client.exists("sl:sem:{late}:queue")
+    assert 295_000 < redis_client.pttl("sl:sem:{late}:gone") <= 300_000  # for one lease
+
+
+@KINDS
+def test_a_repeated_release_reports_what_the_first_one_did(kind, redis_client):
+    sem = kind("again", 1, ttl=300)
+    assert sem.acquire()
+    assert sem.do_release() is True
+    assert sem.do_release() is True  # a repeat (its reply was lost): it did happen
+    sem.release()  # and so does the public call: no LockNotOwned
+    assert sem.acquire()  # a new hold, a new id: not refused as given back
+    _end_lease(redis_client, "again", sem)
+    assert sem.do_release() is False  # the lease had ended: a real loss...
+    assert sem.do_release() is False  # ...whatever the repeats say
+    with pytest.raises(LockNotOwned):
+        sem.release()
 
 
 # -- the limit under real concurrency ---------------------------------------------------
@@ -397,6 +515,7 @@ def _count_inside(index: int, kind: type[Semaphore], limit: int, rounds: int) ->
     return peak
 
 
+@pytest.mark.slow
 @KINDS
 def test_limit_is_reached_and_never_exceeded_across_8_processes(kind, redis_client):
     peaks = run_in_processes(_count_inside, 8, kind, 3, 40)
@@ -437,7 +556,7 @@ def test_view_answers_429_with_json_when_no_permit_is_free(redis_client):
         ):
             assert export_view(request).status_code == 503
     assert export_view(request).status_code == 200
-    assert not redis_client.keys("sl:sem:*")
+    assert not state_keys(redis_client)
 
 
 def test_class_based_view_method_with_a_key_template(redis_client):
@@ -459,7 +578,7 @@ def test_function_runs_holding_a_permit_and_raises_lock_timeout_without_one(redi
     assert run(3) == [f"{__name__}.{run.__qualname__}"]
     with pytest.raises(ValueError):
         run(3, fail=True)
-    assert not redis_client.keys("sl:sem:*")  # given back after an exception too
+    assert not state_keys(redis_client)  # given back after an exception too
     with Semaphore("job:3", 2, ttl=10), Semaphore("job:3", 2, ttl=10):
         with pytest.raises(LockTimeout) as info:
             run(3)

@@ -6,12 +6,12 @@ import random
 
 import pytest
 
-from demo_shop.shop.models import Product
 from stock_locks.exceptions import InvalidQuantity, OutOfStock, ReservationError
 from stock_locks.keys import StockKeys
 from stock_locks.models import Reservation
 from stock_locks.stock import get_strategy, strategy_names
 from stock_locks.stock.reconcile import stock_report
+from tests.inventory.models import Item
 from tests.support.processes import run_in_processes
 
 STRATEGIES = ["lua", "watch", "lock", "db_row_lock", "db_conditional"]
@@ -22,13 +22,13 @@ def test_every_registered_strategy_is_tested():
     assert sorted(strategy_names()) == sorted(STRATEGIES)
 
 
-def make_products(**stock: int) -> None:
+def make_items(**stock: int) -> None:
     for sku, qty in stock.items():
-        Product.objects.create(sku=sku, name=sku.title(), stock=qty)
+        Item.objects.create(code=sku, title=sku.title(), on_hand=qty)
 
 
 def db_stock(sku: str) -> int:
-    return Product.objects.get(sku=sku).stock
+    return Item.objects.get(code=sku).on_hand
 
 
 def sold_units() -> dict[str, int]:
@@ -59,10 +59,11 @@ def _buy_one(index: int, strategy: str, attempts: int) -> dict[str, int]:
     return outcome
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_400_buyers_in_8_processes_sell_exactly_the_100_in_stock(strategy):
-    make_products(HOT=100)
+    make_items(HOT=100)
     outcomes = run_in_processes(_buy_one, 8, strategy, 50)
     assert sum(o["sold"] for o in outcomes) == 100
     assert sum(o["refused"] for o in outcomes) == 300
@@ -100,7 +101,7 @@ def _buy_carts(index: int, strategy: str, carts: int) -> dict[str, list]:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_random_carts_conserve_stock_line_by_line(strategy, redis_client):
-    make_products(**{sku: 25 for sku in CART_SKUS})
+    make_items(**{sku: 25 for sku in CART_SKUS})
     outcomes = run_in_processes(_buy_carts, 4, strategy, 40)
     reserved = [item for o in outcomes for item in o["reserved"]]
     refused = [item for o in outcomes for item in o["refused"]]
@@ -126,7 +127,7 @@ def test_random_carts_conserve_stock_line_by_line(strategy, redis_client):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_reserve_twice_moves_stock_once_and_release_twice_restores_once(strategy):
-    make_products(TEA=10, CUP=3)
+    make_items(TEA=10, CUP=3)
     chosen = get_strategy(strategy)
     first = chosen.reserve("order-1", {"TEA": 4, "CUP": 1})
     again = chosen.reserve("order-1", {"TEA": 4, "CUP": 1})
@@ -141,10 +142,11 @@ def test_reserve_twice_moves_stock_once_and_release_twice_restores_once(strategy
     assert_no_drift()
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_concurrent_retries_of_one_order_move_stock_once(strategy):
-    make_products(TEA=10)
+    make_items(TEA=10)
     created = []
     for outcome in run_in_processes(_retry_same_ref, 6, strategy):
         created.extend(outcome)
@@ -167,7 +169,7 @@ def _retry_same_ref(index: int, strategy: str) -> list[bool]:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_commit_is_final_and_idempotent(strategy):
-    make_products(TEA=5)
+    make_items(TEA=5)
     chosen = get_strategy(strategy)
     chosen.reserve("paid", {"TEA": 2})
     assert chosen.commit("paid") is True
@@ -205,7 +207,7 @@ BAD_CARTS = [
 @pytest.mark.django_db
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_bad_carts_are_refused_and_change_nothing(strategy, redis_client):
-    make_products(TEA=5)
+    make_items(TEA=5)
     chosen = get_strategy(strategy)
     for cart in BAD_CARTS:
         with pytest.raises(InvalidQuantity):
@@ -226,7 +228,7 @@ def test_unknown_strategy_name_is_refused():
 
 @pytest.mark.django_db
 def test_counters_are_loaded_from_the_database_never_invented(redis_client):
-    make_products(TEA=7)
+    make_items(TEA=7)
     keys = StockKeys()
     assert not redis_client.exists(keys.counter("TEA"))
     chosen = get_strategy("lua")
@@ -240,10 +242,10 @@ def test_counters_are_loaded_from_the_database_never_invented(redis_client):
 @pytest.mark.django_db
 def test_database_refusal_gives_the_redis_half_back(redis_client):
     # Redis believes there are 5, the database (changed behind the app) only 1.
-    make_products(TEA=5)
+    make_items(TEA=5)
     chosen = get_strategy("lua")
     assert chosen.available("TEA") == 5
-    Product.objects.filter(sku="TEA").update(stock=1)
+    Item.objects.filter(code="TEA").update(on_hand=1)
     with pytest.raises(OutOfStock) as info:
         chosen.reserve("o", {"TEA": 3})
     assert info.value.available == 1  # the database's answer

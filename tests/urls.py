@@ -1,11 +1,12 @@
-"""Views used by the decorator tests (``pytest.mark.urls("tests.urls")``)."""
+"""The suite's URLs: the admin (the dashboard), and views used by the decorator tests."""
 
+from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import path
 from django.views import View
 
-from demo_shop.shop.models import Product
 from stock_locks import lock_model, locked
+from tests.inventory.models import Item
 
 
 @locked("order:{order_id}", timeout=0)
@@ -19,7 +20,7 @@ class OrderView(View):
         return JsonResponse({"updated": order_id})
 
 
-@lock_model(Product, kwarg="pk", timeout=0)
+@lock_model(Item, kwarg="pk", timeout=0)
 def restock(request, pk):
     return JsonResponse({"restocked": pk})
 
@@ -30,8 +31,9 @@ async def async_profile(request):
 
 
 urlpatterns = [
+    path("admin/", admin.site.urls),
     path("orders/<int:order_id>/pay/", pay_order),
     path("orders/<int:order_id>/", OrderView.as_view()),
-    path("products/<int:pk>/restock/", restock),
+    path("items/<int:pk>/restock/", restock),
     path("me/", async_profile),
 ]

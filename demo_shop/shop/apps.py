@@ -8,4 +8,9 @@ class ShopConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import expiry  # noqa: F401  registers the delay-queue handler
+        from django.core import checks
+
+        from . import expiry  # noqa: F401  connects the reservation_expired receiver
+        from .checks import check_strategies
+
+        checks.register(check_strategies)

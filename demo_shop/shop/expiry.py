@@ -1,52 +1,44 @@
-"""Unpaid orders expire: a delay-queue item per order, handled by Celery beat's drain.
+"""Unpaid orders expire with their stock reservation.
 
-Placing an order schedules ``shop.expire_order`` ``ORDER_TTL`` seconds later
-(Redis clock); paying or cancelling it removes that item. The handler takes
-the same lock as the pay and cancel views, and cancels the order only if it
-is still unpaid, releasing its stock through its strategy. Delivered twice, or
-racing a payment, it still restores the stock once: the order's status and the
-reservation's are both checked under locks, and release is idempotent.
+``place_order`` reserves with ``ttl=ORDER_TTL``: the library records the due
+time (Redis clock) on the reservation, schedules its expiry on the delay
+queue and, should Redis lose that item, its sweeper expires the reservation
+anyway. Once the units are back it sends ``reservation_expired``; the
+receiver below marks the order EXPIRED with a conditional update from
+PENDING, so a second report, or a pay that saw the refused commit first,
+changes nothing. A worker killed between the release and this receiver sends
+nothing: ``pay_order`` and ``refresh_order`` then find the reservation
+released and mark the order expired themselves.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from stock_locks import DelayQueue, Lock
-from stock_locks.delayqueue import handler
+from django.dispatch import receiver
+from django.utils import timezone
+
+from stock_locks.signals import reservation_expired
+from stock_locks.stress import stress_cleanup
 
 log = logging.getLogger("demo_shop.expiry")
 
-EXPIRE_ORDER = "shop.expire_order"
-QUEUE = "default"
 
-
-def expiry_id(order_id: int) -> str:
-    return f"expire-order-{order_id}"
-
-
-def schedule_expiry(order_id: int, ttl: float) -> None:
-    DelayQueue(QUEUE).schedule(EXPIRE_ORDER, {"order": order_id}, delay=ttl, id=expiry_id(order_id))
-
-
-def forget_expiry(order_id: int) -> None:
-    """Best effort: a leftover item finds the order paid or cancelled and does nothing."""
-    try:
-        DelayQueue(QUEUE).cancel(expiry_id(order_id))
-    except Exception as exc:  # Redis down: harmless, see above
-        log.warning("could not cancel the expiry of order %s: %s", order_id, exc)
-
-
-@handler(EXPIRE_ORDER)
-def expire_order(payload: dict[str, Any]) -> None:
+@receiver(reservation_expired, dispatch_uid="demo_shop.shop.order_expired")
+def order_expired(sender: object, order_ref: str, lines: dict[str, int], **kwargs: object) -> None:
     from .models import Order
-    from .services import cancel_order
 
-    order_id = payload["order"]
-    with Lock(f"order:{order_id}", ttl=30, timeout=30):  # the pay and cancel views' lock
-        order = Order.objects.filter(pk=order_id).first()
-        if order is None or order.status != Order.Status.PENDING:
-            return
-        cancel_order(order, status=Order.Status.EXPIRED)
-        log.info("order %s expired unpaid; its stock is back", order_id)
+    now = timezone.now()
+    marked = Order.objects.filter(ref=order_ref, status=Order.Status.PENDING).update(
+        status=Order.Status.EXPIRED, cancelled_at=now, updated_at=now
+    )
+    if marked:
+        log.info("order %s expired unpaid; its stock is back: %s", order_ref, lines)
+
+
+@receiver(stress_cleanup, dispatch_uid="demo_shop.shop.forget_stress_orders")
+def forget_stress_orders(sender: object, order_refs: list[str], **kwargs: object) -> None:
+    """oversell_stress over HTTP made orders; it removes its reservations and rows after."""
+    from .models import Order
+
+    Order.objects.filter(ref__in=order_refs).delete()

@@ -1,18 +1,24 @@
 """The shop's JSON API and its one HTML page.
 
 GET  /api/products/                 products with their stock
-POST /api/orders/                   {"items": [{"sku": "TEA", "qty": 1}], "strategy": "lua"}
+POST /api/orders/                   {"items": [{"sku": "TEA", "qty": 1}]}
                                     201 order | 400 bad input | 409 out of stock | 503 Redis down
                                     (header Idempotency-Key: a retry returns the first order, 200)
 GET  /api/orders/<id>/              the order
 POST /api/orders/<id>/pay/          200 paid | 409 cancelled or expired
 POST /api/orders/<id>/cancel/       200 cancelled, stock back | 409 paid
+
+The stock strategy is the server's (settings SHOP_STRATEGY, SHOP_SKU_STRATEGIES);
+a body naming one is a 400 unless the demo-only SHOP_STRATEGY_FROM_REQUEST is on
+(see services.choose_strategy). A fenced write refused because a newer lock
+holder wrote first is a 409 "stale_fence": nothing changed, try again.
 """
 
 from __future__ import annotations
 
 import re
 
+from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
@@ -28,17 +34,35 @@ from stock_locks.exceptions import (
     OutOfStock,
     RedisUnavailable,
     ReservationError,
+    StaleFencingToken,
 )
+from stock_locks.stock import strategy_names
 
 from .models import Order, Product
-from .services import BadRequest, cancel_order, parse_order_body, pay_order, place_order
+from .services import (
+    BadRequest,
+    cancel_order,
+    default_strategy,
+    parse_order_body,
+    pay_order,
+    place_order,
+    refresh_order,
+)
 
-IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,80}$")
+IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,80}")  # fullmatch: "$" would allow a "\n"
 REDIS_DOWN = (RedisUnavailable, RedisConnectionError, RedisTimeoutError)
 
 
 def error(http_status: int, code: str, message: str, **extra) -> JsonResponse:
     return JsonResponse({"error": code, "message": message, **extra}, status=http_status)
+
+
+def stale_fence(exc: StaleFencingToken) -> JsonResponse:
+    return error(
+        409,
+        "stale_fence",
+        f"a newer holder of the stock lock wrote first ({exc}); nothing changed, try again",
+    )
 
 
 def unavailable() -> JsonResponse:
@@ -50,7 +74,13 @@ def unavailable() -> JsonResponse:
 
 
 def shop_page(request: HttpRequest):
-    return render(request, "shop/index.html", {"products": Product.objects.all()})
+    context = {
+        "products": Product.objects.all(),
+        "default_strategy": default_strategy(),
+        # The picker only where the request may pick (demo only).
+        "strategies": strategy_names() if settings.SHOP_STRATEGY_FROM_REQUEST else [],
+    }
+    return render(request, "shop/index.html", context)
 
 
 @require_GET
@@ -67,7 +97,7 @@ def create_order(request: HttpRequest) -> JsonResponse:
     except BadRequest as exc:
         return error(400, "bad_request", str(exc))
     key = request.headers.get("Idempotency-Key")
-    if key is not None and not IDEMPOTENCY_KEY.match(key):
+    if key is not None and not IDEMPOTENCY_KEY.fullmatch(key):
         return error(400, "bad_request", "Idempotency-Key: 1-80 of A-Z a-z 0-9 _ . : -")
     try:
         order, created = place_order(cart, strategy, key)
@@ -86,6 +116,8 @@ def create_order(request: HttpRequest) -> JsonResponse:
         return unavailable()
     except ContentionError as exc:
         return error(409, "contention", str(exc), attempts=exc.attempts)
+    except StaleFencingToken as exc:
+        return stale_fence(exc)
     except LockTimeout as exc:
         return error(423, "locked", str(exc), lock=exc.name)
     except ReservationError as exc:
@@ -103,7 +135,9 @@ def _order_or_404(order_id: int) -> Order | JsonResponse:
 @require_GET
 def order_detail(request: HttpRequest, order_id: int) -> JsonResponse:
     order = _order_or_404(order_id)
-    return order if isinstance(order, JsonResponse) else JsonResponse(order.as_dict())
+    if isinstance(order, JsonResponse):
+        return order
+    return JsonResponse(refresh_order(order).as_dict())
 
 
 @csrf_exempt
@@ -128,5 +162,9 @@ def _transition(order_id: int, action) -> JsonResponse:
         return JsonResponse(action(order).as_dict())
     except ReservationError as exc:
         return error(409, "conflict", str(exc), status=exc.status)
+    except StaleFencingToken as exc:
+        return stale_fence(exc)
+    except LockTimeout as exc:
+        return error(423, "locked", str(exc), lock=exc.name)
     except REDIS_DOWN:
         return unavailable()

@@ -14,7 +14,9 @@
 -- in flight without an entry is on its first delivery. Writing nothing on the
 -- common path keeps the hash small (a large listpack hash makes every write
 -- scan it), and commands take the whole batch at once (in chunks, for unpack).
--- Returns a flat list: id, item JSON, deliveries, id, item JSON, deliveries...
+-- Returns a flat list: id, item JSON, deliveries, id, item JSON, deliveries...,
+-- then (when anything was claimed) the batch's visibility deadline in epoch ms:
+-- it identifies this delivery, for giving unstarted items back (delay_release.lua).
 local CHUNK = 1000
 local function each_chunk(list, fn)
   for i = 1, #list, CHUNK do
@@ -73,4 +75,7 @@ for i, id in ipairs(ids) do
 end
 each_chunk(flight, function(...) redis.call('ZADD', KEYS[5], ...) end)
 each_chunk(recount, function(...) redis.call('HSET', KEYS[3], ...) end)
+if #claimed > 0 then
+  claimed[#claimed + 1] = deadline
+end
 return claimed

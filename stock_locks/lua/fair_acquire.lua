@@ -10,11 +10,14 @@
 --         script, so their lists cannot be declared; the prefix is declared
 --         instead, and it carries the semaphore's {hash tag}, so every list
 --         built from it lives in this script's cluster slot.
+-- KEYS[7] gone (zset: id -> until when it counts as given back, ms)
 -- ARGV[1] id   ARGV[2] limit   ARGV[3] lease in ms
 -- ARGV[4] the longest the caller will wait before its next try, ms
 --         (-1: no bound of its own; 0: last try: refused means leave the queue)
 -- ARGV[5] grace, ms: how long past its planned next try a waiter keeps its
---         place, and how long an unclaimed wake-up lasts
+--         place, and how long an unclaimed wake-up lasts. A place lapses at
+--         (planned next try + grace), so the planned try is read back from it:
+--         every caller must pass the same grace.
 -- ARGV[6] host  ARGV[7] pid  ARGV[8] thread  ARGV[9] caller
 --
 -- Ended leases and lapsed places are removed first. A waiter is admitted when
@@ -23,6 +26,13 @@
 -- that is not queued is admitted if it would be, and otherwise takes a ticket
 -- (INCR: the server decides the order) and joins the queue, once: later tries
 -- keep its ticket.
+-- Whatever changed (a grant, a place taken or left, an ended lease or a lapsed
+-- place removed), each waiter among the first `limit` in line whose turn can
+-- now come sooner than its planned next try is woken to try again (see
+-- wake_due), so a permit freed by an ended lease goes to the next waiter when
+-- that lease ends, whoever was ahead of it meanwhile.
+-- Returns {2}, changing nothing, when the id was given back (see
+-- sem_release.lua): this call is a late copy of a try whose caller moved on.
 -- Returns {1} when granted, also when the id already holds a permit (its lease
 -- is renewed), so a retried call whose reply was lost gets the same answer.
 -- Returns {0, wait, rank, ticket} when queued at rank (0 = head): sleep until
@@ -33,30 +43,43 @@
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local holders, meta, queue, alive, tickets, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local gone = KEYS[7]
 local id, limit, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local patience, grace = tonumber(ARGV[4]), tonumber(ARGV[5])
 
--- The waiters that may take a permit now: the first (limit - holders) in line.
-local function admissible()
-  local free = limit - redis.call('ZCARD', holders)
-  if free <= 0 then
-    return {}
-  end
-  return redis.call('ZRANGE', queue, 0, free - 1)
+if tonumber(redis.call('ZSCORE', gone, id) or 0) > now then
+  return {2}
 end
 
--- Wake each waiter that may take a permit now but could not before this call.
--- (Once admissible, a waiter stays so until it takes the permit or lapses.)
-local function wake_newly_admissible(before)
-  local was = {}
-  for _, waiter in ipairs(before) do
-    was[waiter] = true
+-- Only the first `limit` waiters can be let in by ended leases alone: the one
+-- at rank r at once when r < free (= limit - holders), else when the
+-- (r - free + 1)-th soonest lease ends. Anyone behind them needs one of them to
+-- take a permit or leave first, which runs this code again. So whenever the
+-- holders or the queue change, a waiter among the first `limit` whose turn can
+-- now come before its planned next try (its place's lapse minus the grace) is
+-- woken, and its place is kept for a grace from now (it tries on waking; this
+-- also marks it as told, so it is not woken twice for the same turn).
+local function wake_due()
+  local line = redis.call('ZRANGE', queue, 0, limit - 1)
+  if #line == 0 then
+    return
   end
-  for _, waiter in ipairs(admissible()) do
-    if not was[waiter] and waiter ~= id then
-      redis.call('RPUSH', wake .. waiter, 1)
-      redis.call('LTRIM', wake .. waiter, 0, 0)
-      redis.call('PEXPIRE', wake .. waiter, grace)
+  local ends = redis.call('ZRANGE', holders, 0, -1, 'WITHSCORES')
+  local free = limit - #ends / 2
+  for rank = 0, #line - 1 do
+    local waiter = line[rank + 1]
+    if waiter ~= id then
+      local due = now
+      if rank >= free then
+        due = tonumber(ends[2 * (rank - free) + 2]) + 1
+      end
+      local place = tonumber(redis.call('ZSCORE', alive, waiter) or 0)
+      if due < place - grace then
+        redis.call('RPUSH', wake .. waiter, 1)
+        redis.call('LTRIM', wake .. waiter, 0, 0)
+        redis.call('PEXPIRE', wake .. waiter, grace)
+        redis.call('ZADD', alive, now + grace, waiter)
+      end
     end
   end
 end
@@ -87,7 +110,6 @@ local function leave()
   redis.call('DEL', wake .. id)
 end
 
-local before = admissible()
 for _, ended in ipairs(redis.call('ZRANGEBYSCORE', holders, '-inf', now)) do
   redis.call('ZREM', holders, ended)
   redis.call('HDEL', meta, ended)
@@ -100,6 +122,7 @@ end
 
 if redis.call('ZSCORE', holders, id) then
   redis.call('ZADD', holders, now + lease, id)
+  wake_due()
   keep()
   return {1}
 end
@@ -117,7 +140,7 @@ if rank < free then
   redis.call('HSET', meta, 'limit', limit, id, cjson.encode({
     host = ARGV[6], pid = tonumber(ARGV[7]) or ARGV[7], thread = ARGV[8], caller = ARGV[9],
     acquired_at = now}))
-  wake_newly_admissible(before)
+  wake_due()
   keep()
   return {1}
 end
@@ -125,7 +148,7 @@ if patience == 0 then
   if ticket then
     leave()
   end
-  wake_newly_admissible(before)
+  wake_due()
   keep()
   return {0, 0, -1, 0}
 end
@@ -154,6 +177,6 @@ if patience > 0 and (not wait or patience < wait) then
 end
 wait = wait or lease  -- only when limit differs between callers; a bound all the same
 redis.call('ZADD', alive, now + wait + grace, id)
-wake_newly_admissible(before)
+wake_due()
 keep()
 return {0, wait, rank, tonumber(ticket)}

@@ -2,6 +2,7 @@
 --
 -- KEYS[1] holders (zset: holder id -> when its lease ends, ms on the Redis clock)
 -- KEYS[2] meta (hash: 'limit', 'waiting' and holder id -> JSON metadata)
+-- KEYS[3] gone (zset: holder id -> until when it counts as given back, ms)
 -- ARGV[1] holder id      ARGV[2] limit      ARGV[3] lease in ms
 -- ARGV[4] the longest the caller will wait before trying again, ms
 --         (0: it will not wait; -1: no bound of its own)
@@ -9,6 +10,8 @@
 --
 -- Ended leases are removed first: a holder that died frees its permit when its
 -- lease ends, with nobody having to notice.
+-- Returns {2}, changing nothing, when the id was given back (see sem_release.lua):
+-- this call is a late copy of a try whose caller has already moved on.
 -- Returns {1} when granted: fewer than limit holders remained, or the id already
 -- holds a permit (its lease is renewed), so a retried call whose reply was lost
 -- gets the same answer.
@@ -20,6 +23,10 @@ local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local id, limit, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local patience = tonumber(ARGV[4])
+
+if tonumber(redis.call('ZSCORE', KEYS[3], id) or 0) > now then
+  return {2}
+end
 
 -- Every key lives until the last lease ends or the last waiter's mark passes,
 -- so an abandoned semaphore vanishes by itself.

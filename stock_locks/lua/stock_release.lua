@@ -2,18 +2,27 @@
 --
 -- KEYS[1] the order's reservation record (hash sku -> qty)
 -- KEYS[2] index of open reservation records
--- KEYS[3..n+2] the available-stock counter of each line
+-- KEYS[3] the "loaded" marker      KEYS[4] move versions (hash sku -> version)
+-- KEYS[5..n+4] the available-stock counter of each line
 -- ARGV[1] order ref     ARGV[2..n+1] SKU of each line (same order as the counters)
 --
 -- Returns 1 when the units went back, 0 when there was no record (already
--- released or committed, or never reserved here): nothing moved.
+-- released or committed, or never reserved here): nothing moved; 4 when Redis
+-- lost its data (no marker): nothing moved, the rebuild from the database
+-- counts the units.
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  return 4
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-for i = 1, #KEYS - 2 do
+for i = 1, #KEYS - 4 do
   local qty = redis.call('HGET', KEYS[1], ARGV[i + 1])
   if qty then
-    redis.call('INCRBY', KEYS[i + 2], qty)
+    if redis.call('EXISTS', KEYS[i + 4]) == 1 then
+      redis.call('INCRBY', KEYS[i + 4], qty)
+    end
+    redis.call('HINCRBY', KEYS[4], ARGV[i + 1], 1)  -- a loader that read before reads again
   end
 end
 redis.call('DEL', KEYS[1])

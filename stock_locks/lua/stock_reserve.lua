@@ -2,21 +2,31 @@
 --
 -- KEYS[1] the order's reservation record (hash sku -> qty)
 -- KEYS[2] index of open reservation records (zset: order ref -> created ms)
--- KEYS[3..n+2] the available-stock counter of each line
+-- KEYS[3] the "loaded" marker: missing when Redis lost its data since the counters
+--         were built from the database
+-- KEYS[4] move versions (hash sku -> version, bumped on every move of its counter)
+-- KEYS[5..n+4] the available-stock counter of each line
 -- ARGV[1] order ref
 -- ARGV[2..n+1] quantity of each line     ARGV[n+2..2n+1] SKU of each line
 --
--- Returns {1}            reserved: counters decremented, record written
---         {2}            this order ref already holds a reservation: nothing moved
---         {0, i, avail}  line i (1-based) asks more than avail: nothing moved
---         {3, i, ...}    the counters of lines i, ... are not loaded: nothing moved
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {2}
+-- Returns {1, now_ms}       reserved: counters decremented, record written
+--         {2, now_ms}       this order ref already holds a record: nothing moved
+--         {0, i, avail}     line i (1-based) asks more than avail: nothing moved
+--         {3, i, ...}       the counters of lines i, ... are not loaded: nothing moved
+--         {4}               Redis lost its data (no marker): nothing moved
+-- (now_ms is the Redis clock, for the reservation's due time.)
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  return {4}
 end
-local n = #KEYS - 2
+local now = redis.call('TIME')
+local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {2, now_ms}
+end
+local n = #KEYS - 4
 local missing = {3}
 for i = 1, n do
-  local avail = redis.call('GET', KEYS[i + 2])
+  local avail = redis.call('GET', KEYS[i + 4])
   if not avail then
     missing[#missing + 1] = i
   elseif #missing == 1 and tonumber(avail) < tonumber(ARGV[i + 1]) then
@@ -28,11 +38,11 @@ if #missing > 1 then
 end
 local record = {}
 for i = 1, n do
-  redis.call('DECRBY', KEYS[i + 2], ARGV[i + 1])
+  redis.call('DECRBY', KEYS[i + 4], ARGV[i + 1])
   record[#record + 1] = ARGV[n + i + 1]
   record[#record + 1] = ARGV[i + 1]
+  redis.call('HINCRBY', KEYS[4], ARGV[n + i + 1], 1)
 end
 redis.call('HSET', KEYS[1], unpack(record))
-local now = redis.call('TIME')
-redis.call('ZADD', KEYS[2], now[1] * 1000 + math.floor(now[2] / 1000), ARGV[1])
-return {1}
+redis.call('ZADD', KEYS[2], now_ms, ARGV[1])
+return {1, now_ms}

@@ -5,6 +5,7 @@
     reservation = strategy.reserve("order-42", {"TEA": 2, "CUP": 1})   # OutOfStock, InvalidQuantity
     strategy.commit("order-42")             # paid: the units stay sold
     strategy.release("order-42")            # or: put them back (idempotent)
+    restock("TEA", 10)                      # units added outside the strategies, sellable at once
 
 Strategies are registered by name in ``STOCK_LOCKS["STRATEGIES"]`` (dotted paths).
 """
@@ -14,9 +15,18 @@ from __future__ import annotations
 from django.utils.module_loading import import_string
 
 from ..conf import settings
-from .base import StockStrategy, normalize_cart
+from .base import StockStrategy
+from .cart import normalize_cart
+from .sync import restock, stock_changed
 
-__all__ = ["StockStrategy", "get_strategy", "normalize_cart", "strategy_names"]
+__all__ = [
+    "StockStrategy",
+    "get_strategy",
+    "normalize_cart",
+    "restock",
+    "stock_changed",
+    "strategy_names",
+]
 
 
 def strategy_names() -> list[str]:

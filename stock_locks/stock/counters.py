@@ -1,11 +1,19 @@
 """What the Redis strategies share: hot counters loaded from the database, the
-Redis half of reserve/commit/release, and the compensation when the database
-half fails.
+Redis half of reserve/commit/release, and settling it when the database half
+fails.
 
 The database stays the system of record. A counter is created only from the
 database's quantity (``SET NX``, so a loader never overwrites a counter that
 is already selling), never invented; the reservation record written beside
 the counters makes the Redis half of release happen once.
+
+A lost reply is not a lost unit. The Redis half is given back only when the
+database is known to have refused (an OutOfStock from its guarded write, a
+duplicate order ref); when the answer is unknown (a connection cut while the
+script or the commit ran, an interrupt) the row is looked up first, and when
+even that is impossible nothing is given back: a retry with the same order
+ref finds its record and goes on to the database, and the sweeper settles a
+record whose request never came back (:mod:`stock_locks.stock.reconcile`).
 """
 
 from __future__ import annotations
@@ -14,33 +22,35 @@ import logging
 from abc import abstractmethod
 from collections.abc import Iterable
 
-from django.db import IntegrityError
+from django.db import DatabaseError, IntegrityError, connection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import scripts
-from ..connection import get_redis
-from ..exceptions import RedisUnavailable
+from ..connection import CLUSTER_UNAVAILABLE_ERRORS, REDIS_ERRORS, get_redis
+from ..exceptions import InvalidQuantity, OutOfStock, RedisUnavailable, StaleFencingToken
 from ..keys import StockKeys
 from ..models import Reservation
-from .base import (
-    Cart,
-    StockStrategy,
-    commit_in_db,
-    existing_reservation,
-    release_in_db,
-    unknown_sku,
-)
+from .base import StockStrategy
+from .cart import Cart
+from .ledger import existing_reservation, repeat_of
 
 log = logging.getLogger("stock_locks.stock")
 
-REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
-ALREADY = -1  # reserve_in_redis: this order ref already holds a reservation
+# Redis cannot be reached, or (a cluster changing hands) cannot answer yet.
+REDIS_DOWN: tuple[type[Exception], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    *CLUSTER_UNAVAILABLE_ERRORS,
+)
+# stock_release.lua's replies
+RELEASED, NO_RECORD, DATA_LOST = 1, 0, 4
 
 
 class RedisStockStrategy(StockStrategy):
     """A strategy whose counters in Redis answer first, then the database confirms."""
+
+    has_counters = True
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -48,83 +58,124 @@ class RedisStockStrategy(StockStrategy):
         self.keys = StockKeys()
 
     @abstractmethod
-    def reserve_in_redis(self, order_ref: str, lines: Cart) -> int:
-        """Take the lines from the counters: retries made, or ALREADY.
+    def reserve_in_redis(self, order_ref: str, lines: Cart) -> tuple[bool, int, int]:
+        """Take the lines from the counters: (took, now in ms on the Redis clock, retries).
 
-        Raises OutOfStock (nothing taken) or redis-py errors.
+        ``took`` is False when ``order_ref`` already has a record (nothing
+        moved: an earlier attempt of this order took the units). Raises
+        OutOfStock (nothing taken) or redis-py's errors.
         """
 
-    def do_reserve(self, order_ref: str, lines: Cart) -> Reservation:
+    def do_reserve(self, order_ref: str, lines: Cart, ttl_ms: int | None) -> Reservation:
         try:
-            retries = self.reserve_in_redis(order_ref, lines)
+            took, now_ms, retries = self.reserve_in_redis(order_ref, lines)
         except REDIS_DOWN as exc:
-            # The connection may have broken after the script ran: give back, if anything.
-            self.undo_in_redis(order_ref, lines, after_outage=True)
+            # The script may have run: a retry with this order ref finds its record.
             raise RedisUnavailable(f"Redis unreachable, nothing reserved: {exc}") from exc
-        if retries == ALREADY:
-            return existing_reservation(order_ref, lines)
+        if not took:
+            repeat = repeat_of(order_ref, lines)
+            if repeat is not None:
+                return repeat
+            # The record is an earlier attempt's whose database step never happened
+            # (or is running now, in a duplicate request): the database decides.
+        expires_at = self.due(ttl_ms, now_ms)
         try:
-            reservation = self.stock.take_and_record(order_ref, lines, self.name, retries)
+            return self.stock.take_and_record(order_ref, lines, self.name, retries, expires_at)
         except IntegrityError:
-            self.undo_in_redis(order_ref, lines)
-            return existing_reservation(order_ref, lines)
-        except BaseException:
+            return self._duplicate(order_ref, lines, took)
+        except (OutOfStock, InvalidQuantity, StaleFencingToken):
+            # The database, the truth, refused: the Redis half goes back.
+            if not took and (row := repeat_of(order_ref, lines)) is not None:
+                return row  # a duplicate request wrote the row meanwhile
             self.undo_in_redis(order_ref, lines)
             raise
-        return reservation
+        except BaseException as exc:
+            row = self._settle_unknown(order_ref, lines)
+            if row is not None and isinstance(exc, DatabaseError):
+                return row  # the commit happened; only its reply was lost
+            raise
 
-    def undo_in_redis(self, order_ref: str, lines: Cart, after_outage: bool = False) -> None:
-        """Best effort: give back what the Redis half took for ``order_ref``."""
+    def _duplicate(self, order_ref: str, lines: Cart, took: bool) -> Reservation:
+        """The database already has ``order_ref``: that row wins."""
+        row = Reservation.objects.filter(order_ref=order_ref).first()
+        if took and (
+            row is None or row.status != Reservation.Status.RESERVED or row.lines != lines
+        ):
+            self.undo_in_redis(order_ref, lines)  # this call's take stands for nothing
+        return existing_reservation(order_ref, lines)
+
+    def _settle_unknown(self, order_ref: str, lines: Cart) -> Reservation | None:
+        """After the database step failed without a known answer: the row if it was
+        written (the Redis half stays, it is that row's); else the Redis half goes
+        back. When the database cannot be asked, nothing is given back."""
+        if connection.in_atomic_block:
+            log.warning("reserve %r failed inside the caller's transaction; "
+                        "the sweeper settles its Redis half", order_ref)  # fmt: skip
+            return None
+        try:
+            connection.close_if_unusable_or_obsolete()
+            row = Reservation.objects.filter(order_ref=order_ref).first()
+        except DatabaseError as exc:
+            log.warning(
+                "reserve %r: the database cannot be asked whether it wrote the reservation "
+                "(%s); the sweeper settles its Redis half",
+                order_ref,
+                exc,
+            )
+            return None
+        if row is None:
+            self.undo_in_redis(order_ref, lines)
+            return None
+        row.created, row.retries = True, 0
+        return row
+
+    def undo_in_redis(self, order_ref: str, lines: Cart) -> None:
+        """Give back what the Redis half took for ``order_ref``; if Redis cannot be
+        reached, the record stays and the sweeper gives its units back."""
         try:
             self.release_in_redis(order_ref, lines)
-        except RedisError as exc:
-            if after_outage:  # most likely the reserve never reached Redis either
-                log.warning(
-                    "Redis unreachable while reserving %r (%s); if the reserve ran before the "
-                    "connection broke, `manage.py reconcile_stock --fix` gives its units back",
-                    order_ref,
-                    exc,
-                )
-                return
-            log.error(
-                "could not give back %s for %r in Redis (%s); "
-                "Redis is now below the database until `manage.py reconcile_stock --fix`",
+        except REDIS_ERRORS as exc:
+            log.warning(
+                "could not give back %s for %r in Redis (%s); the sweeper will",
                 lines,
                 order_ref,
                 exc,
             )
 
-    def release_in_redis(self, order_ref: str, lines: Iterable[str]) -> bool:
+    def release_in_redis(self, order_ref: str, lines: Iterable[str]) -> int:
+        """The Redis half of a release: RELEASED, NO_RECORD or DATA_LOST (nothing moved)."""
         skus = list(lines)
-        keys = [self.keys.record(order_ref), self.keys.index, *map(self.keys.counter, skus)]
-        return scripts.STOCK_RELEASE(keys, [order_ref, *skus], client=self.redis) == 1
+        keys = [
+            self.keys.record(order_ref),
+            self.keys.index,
+            self.keys.loaded,
+            self.keys.versions,
+            *map(self.keys.counter, skus),
+        ]
+        return scripts.STOCK_RELEASE(keys, [order_ref, *skus], client=self.redis)
 
-    def release(self, order_ref: str) -> bool:
-        """Database first (the units go back to the system of record), then Redis.
-
-        When Redis cannot be reached after the database part, raises
-        :class:`RedisUnavailable`; calling release again finishes the Redis
-        part (it is idempotent).
-        """
-        reservation, released_now = release_in_db(self.stock, order_ref)
+    def after_release(self, reservation: Reservation, released_now: bool) -> None:
         try:
-            self.release_in_redis(order_ref, reservation.lines)
-        except REDIS_DOWN as exc:
-            raise RedisUnavailable(
-                f"{order_ref!r} released in the database; Redis unreachable, call release "
-                f"again to give the units back there: {exc}"
-            ) from exc
-        return released_now
+            self.release_in_redis(reservation.order_ref, reservation.lines)
+        except REDIS_ERRORS as exc:
+            log.warning(
+                "released %r in the database; Redis unreachable (%s), the sweeper gives "
+                "its units back there",
+                reservation.order_ref,
+                exc,
+            )
 
-    def commit(self, order_ref: str) -> bool:
-        committed_now = commit_in_db(order_ref)
-        keys = [self.keys.record(order_ref), self.keys.index]
+    def after_commit(self, reservation: Reservation) -> None:
+        keys = [self.keys.record(reservation.order_ref), self.keys.index]
         try:
-            scripts.STOCK_COMMIT(keys, [order_ref], client=self.redis)
-        except RedisError as exc:
-            # Harmless: the record is closed by reconcile; a release is refused by the database.
-            log.warning("committed %r; its Redis record stays until reconcile: %s", order_ref, exc)
-        return committed_now
+            scripts.STOCK_COMMIT(keys, [reservation.order_ref], client=self.redis)
+        except REDIS_ERRORS as exc:
+            # Harmless: the sweeper closes the record; a release is refused by the database.
+            log.warning(
+                "committed %r; its Redis record stays until the sweeper: %s",
+                reservation.order_ref,
+                exc,
+            )
 
     def available(self, sku: str) -> int:
         try:
@@ -136,19 +187,18 @@ class RedisStockStrategy(StockStrategy):
         return int(value)
 
     def load_counters(self, skus: list[str]) -> dict[str, int]:
-        """Create missing counters from the database (SET NX); their values now.
+        """Create missing counters from the database; their values now.
 
         Raises :class:`InvalidQuantity` for a SKU the database does not have.
         """
-        levels = self.stock.levels(skus)
-        for sku in skus:
-            if sku not in levels:
-                raise unknown_sku(sku)
-        pipe = self.redis.pipeline(transaction=False)
-        for sku in skus:
-            pipe.set(self.keys.counter(sku), levels[sku], nx=True)
-        for sku in skus:
-            pipe.get(self.keys.counter(sku))
-        values = {sku: int(v) for sku, v in zip(skus, pipe.execute()[len(skus) :], strict=True)}
+        from .reconcile import load_missing_counters
+
+        values = load_missing_counters(skus, self.redis)
         log.info("loaded stock counters from the database: %s", values)
         return values
+
+    def restore_after_data_loss(self) -> None:
+        """Redis lost its data: rebuild what the counters need from the database."""
+        from .reconcile import restore_after_data_loss
+
+        restore_after_data_loss(self.redis)

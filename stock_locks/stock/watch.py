@@ -5,59 +5,89 @@ the reservation record; EXEC fails when any watched key changed meanwhile, and
 the attempt is retried after a jittered exponential backoff, at most
 ``WATCH_ATTEMPTS`` times, then :class:`ContentionError`. Under a hot SKU most
 attempts conflict: the retries are counted on the reservation, not hidden.
+
+A connection lost during EXEC (its reply lost) surfaces from redis-py as a
+WatchError too: the retry then finds this order's record and goes on.
+
+On a Redis Cluster the transaction runs on the connection of the master that
+serves the stock hash tag (every stock key shares it, so a cart is one node's
+transaction; redis-py 5's cluster pipelines have no MULTI). A redirect from
+that node (a failover moved the slot; nothing ran) reads the slot map again
+and the attempt starts over on the new master.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from typing import Any
 
 from redis.exceptions import WatchError
 
 from ..conf import settings
-from ..exceptions import ContentionError, OutOfStock
-from .base import Cart
-from .counters import ALREADY, RedisStockStrategy
+from ..connection import on_node
+from ..exceptions import ContentionError, OutOfStock, StockLocksError
+from .cart import Cart
+from .counters import RedisStockStrategy
 
 MAX_BACKOFF_DOUBLINGS = 6
+MAX_LOADS = 3
 
 
 class WatchStrategy(RedisStockStrategy):
-    def reserve_in_redis(self, order_ref: str, lines: Cart) -> int:
-        record = self.keys.record(order_ref)
-        counters = [self.keys.counter(sku) for sku in lines]
+    def reserve_in_redis(self, order_ref: str, lines: Cart) -> tuple[bool, int, int]:
+        def attempt(node: Any) -> tuple[bool, int, int]:
+            return self._reserve(node, order_ref, lines)
+
+        return on_node(self.redis, self.keys.loaded, attempt)
+
+    def _reserve(self, client: Any, order_ref: str, lines: Cart) -> tuple[bool, int, int]:
+        k = self.keys
+        record = k.record(order_ref)
+        counters = [k.counter(sku) for sku in lines]
         attempts = settings.WATCH_ATTEMPTS
         conflicts = loads = 0
-        seconds, micros = self.redis.time()  # the record's time (Redis clock), read once
-        with self.redis.pipeline(transaction=True) as pipe:
+        seconds, micros = client.time()  # the record's time (Redis clock), read once
+        now_ms = seconds * 1000 + micros // 1000
+        with client.pipeline(transaction=True) as pipe:
             while conflicts < attempts:
                 try:
-                    pipe.watch(record, *counters)
+                    pipe.watch(k.loaded, record, *counters)
                     if pipe.exists(record):
-                        return ALREADY
-                    values = pipe.mget(counters)
+                        return False, now_ms, conflicts
+                    lost = not pipe.exists(k.loaded)
+                    values: list[Any] = pipe.mget(counters)
                     missing = [sku for sku, v in zip(lines, values, strict=True) if v is None]
-                    if missing and loads < 3:
+                    if lost or missing:
                         pipe.unwatch()
-                        self.load_counters(missing)
+                        if loads == MAX_LOADS:
+                            break
                         loads += 1
+                        if lost:
+                            self.restore_after_data_loss()
+                        else:
+                            self.load_counters(missing)
                         continue
                     for (sku, qty), value in zip(lines.items(), values, strict=True):
-                        if value is None or int(value) < qty:
-                            raise OutOfStock(sku, qty, int(value or 0))
+                        if int(value) < qty:
+                            raise OutOfStock(sku, qty, int(value))
                     pipe.multi()
                     for counter, qty in zip(counters, lines.values(), strict=True):
                         pipe.decrby(counter, qty)
                     pipe.hset(record, mapping=lines)
-                    pipe.zadd(self.keys.index, {order_ref: seconds * 1000 + micros // 1000})
+                    pipe.zadd(k.index, {order_ref: now_ms})
+                    for sku in lines:
+                        pipe.hincrby(k.versions, sku, 1)
                     pipe.execute()
-                    return conflicts
+                    return True, now_ms, conflicts
                 except WatchError:
                     conflicts += 1
                     base = settings.WATCH_BACKOFF * 2 ** min(conflicts, MAX_BACKOFF_DOUBLINGS)
                     time.sleep(random.uniform(0, base))
-        raise ContentionError(
-            f"{order_ref!r}: the counters of {list(lines)} changed during each of "
-            f"{attempts} optimistic attempts",
-            attempts=attempts,
-        )
+            else:
+                raise ContentionError(
+                    f"{order_ref!r}: the counters of {list(lines)} changed during each of "
+                    f"{attempts} optimistic attempts",
+                    attempts=attempts,
+                )
+        raise StockLocksError(f"stock counters for {list(lines)} keep disappearing (evicted?)")

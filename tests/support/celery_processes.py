@@ -1,6 +1,11 @@
-"""A real Celery worker and beat, as subprocesses of the test, on the suite's Redis and database.
+"""Real drainers as subprocesses of the test, on the suite's Redis and database: a Celery
+worker, beat, and ``manage.py run_delay_queue`` (kind ``"drainer"``, extra ``args``).
+
+Workers and beat run the suite's Celery app (``tests.celery_app``) unless given
+another (``app="demo_shop"``: the demo's, for tests/demo).
 
 Each process logs to a file; ``start()`` waits for its ready marker line.
+``pause()``/``resume()`` SIGSTOP and SIGCONT it; ``kill()`` SIGKILLs it.
 """
 
 from __future__ import annotations
@@ -18,15 +23,27 @@ from .waiting import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 
 
+MARKERS = {"worker": "ready.", "beat": "beat: Starting...", "drainer": "draining delay queue"}
+
+
 class CeleryProcess:
-    def __init__(self, kind: str, name: str, env: dict[str, str]) -> None:
-        self.kind, self.name, self.env = kind, name, env
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        env: dict[str, str],
+        args: tuple[str, ...] = (),
+        app: str = "tests.celery_app",
+    ) -> None:
+        self.kind, self.name, self.env, self.args, self.app = kind, name, env, args, app
         self.dir = tempfile.mkdtemp(prefix=f"sl-celery-{name}-")
         self.log = Path(self.dir) / "log"
         self.process: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
-        base = [sys.executable, "-m", "celery", "-A", "demo_shop"]
+        if self.kind == "drainer":
+            return [sys.executable, "manage.py", "run_delay_queue", *self.args]
+        base = [sys.executable, "-m", "celery", "-A", self.app]
         if self.kind == "worker":
             return base + [
                 "worker", "--pool=solo", "--loglevel=INFO", f"--hostname={self.name}@%h",
@@ -39,7 +56,7 @@ class CeleryProcess:
             self.process = subprocess.Popen(
                 self.command(), cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
             )
-        marker = "ready." if self.kind == "worker" else "beat: Starting..."
+        marker = MARKERS[self.kind]
         wait_until(lambda: marker in self.output() or self.process.poll() is not None,
                    what=f"{self.name} to start")  # fmt: skip
         assert self.process.poll() is None, f"{self.name} exited:\n{self.output()}"
@@ -48,6 +65,15 @@ class CeleryProcess:
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def pause(self) -> None:
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.process.send_signal(signal.SIGCONT)
+
     def kill(self) -> None:
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
@@ -55,6 +81,7 @@ class CeleryProcess:
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a paused process cannot exit
             self.process.terminate()
             try:
                 self.process.wait(timeout=10)
@@ -63,6 +90,6 @@ class CeleryProcess:
 
 
 def celery_environment(**extra: str) -> dict[str, str]:
-    env = {**os.environ, **child_environment(), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **child_environment(), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     env.update(extra)
     return env

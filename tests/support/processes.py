@@ -31,7 +31,7 @@ def child_environment() -> dict[str, str]:
 
     return {
         "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "tests.settings"),
-        "REDIS_URL": settings.CACHES["default"]["LOCATION"],
+        "REDIS_URL": settings.CACHES["stock_locks"]["LOCATION"],
         "STOCK_LOCKS_TEST_DB": connection.settings_dict["NAME"],
     }
 

@@ -99,9 +99,27 @@ class RedisServer:
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
 
-    def restart(self) -> RedisServer:
+    def restart(self, snapshot: str | None = None) -> RedisServer:
+        """Stop, then start on the same port: empty, or loaded from ``snapshot``
+        (a file :meth:`snapshot` wrote), as after a restore from an old backup."""
         self.stop()
+        dump = os.path.join(self.dir, "dump.rdb")
+        if os.path.exists(dump):
+            os.remove(dump)
+        if snapshot is not None:
+            shutil.copy(snapshot, dump)
         return self.start()
+
+    def snapshot(self) -> str:
+        """SAVE the dataset now and keep a copy of the file; returns its path."""
+        client = self.client()
+        try:
+            client.save()
+        finally:
+            client.close()
+        path = tempfile.mkstemp(prefix="snapshot-", suffix=".rdb", dir=self.dir)[1]
+        shutil.copy(os.path.join(self.dir, "dump.rdb"), path)
+        return path
 
     def cleanup(self) -> None:
         self.stop()

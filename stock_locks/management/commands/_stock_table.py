@@ -8,14 +8,21 @@ from django.core.management.base import CommandError
 
 from ...stock.reconcile import SkuStock
 
-COLUMNS = ("sku", "db", "redis", "reserved", "drift")
+COLUMNS = ("sku", "db", "redis", "reserved", "in_flight", "drift")
 
 
 def render(rows: list[SkuStock], as_json: bool) -> str:
     if as_json:
         return json.dumps([row.as_dict() for row in rows])
     cells = [COLUMNS] + [
-        (r.sku, str(r.db), "-" if r.redis is None else str(r.redis), str(r.reserved), str(r.drift))
+        (
+            r.sku,
+            str(r.db),
+            "-" if r.redis is None else str(r.redis),
+            str(r.reserved),
+            str(r.in_flight),
+            str(r.drift) if r.settled else "moving",
+        )
         for r in rows
     ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]

@@ -6,8 +6,9 @@ from ._stock_table import check_known, render
 
 class Command(BaseCommand):
     help = (
-        "Report per-SKU drift between Redis counters, the database and open reservations; "
-        "exit 1 on drift. --fix repairs it from the database."
+        "Report per-SKU drift between Redis counters and the database, counting work in "
+        "flight (a SKU that keeps moving is shown as 'moving', not as drift); exit 1 on "
+        "drift. --fix repairs it with relative corrections, safe during sales."
     )
 
     def add_arguments(self, parser):
@@ -19,11 +20,11 @@ class Command(BaseCommand):
         report = stock_report(skus or None)
         check_known(skus, report)
         if fix:
-            closed, fixed = fix_drift(skus or None)
+            settled, fixed = fix_drift(skus or None)
             if not json:
                 self.stderr.write(
-                    f"closed {len(closed)} orphan Redis reservation(s); "
-                    f"set {len(fixed)} counter(s) from the database"
+                    f"settled {len(settled)} Redis reservation record(s); "
+                    f"corrected {len(fixed)} counter(s) from the database"
                 )
             report = stock_report(skus or None)
         self.stdout.write(render(report, json))

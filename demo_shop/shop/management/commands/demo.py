@@ -45,8 +45,11 @@ class Command(BaseCommand):
         base = f"http://127.0.0.1:{port}"
         self.stdout.write(f"starting the shop at {base} (database: {_database_label()})")
         (settings.BASE_DIR / ".cache").mkdir(exist_ok=True)
+        # The flash sale compares strategies over HTTP: only this demo server lets
+        # the order body pick one (SHOP_STRATEGY_FROM_REQUEST, off by default).
         server = _start(
-            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]
+            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+            SHOP_STRATEGY_FROM_REQUEST="1",
         )
         celery = _start(
             [sys.executable, "-m", "celery", "-A", "demo_shop", "worker", "--beat", "--pool=solo",
@@ -63,6 +66,7 @@ class Command(BaseCommand):
                 call_command(
                     "oversell_stress", strategy="all", via="http", url=f"{base}/api/orders/",
                     stock=stock, buyers=buyers, processes=processes, stdout=self.stdout,
+                    fields=["name=Flash sale {sku}"],
                 )  # fmt: skip
             except CommandError as exc:
                 failed = exc
@@ -120,11 +124,11 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _start(command: list[str]) -> subprocess.Popen:
+def _start(command: list[str], **env: str) -> subprocess.Popen:
     return subprocess.Popen(
         command,
         cwd=settings.BASE_DIR,
-        env=os.environ.copy(),
+        env={**os.environ, **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

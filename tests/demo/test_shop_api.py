@@ -2,7 +2,9 @@
 
 Orders are placed, paid and cancelled over HTTP (Django's test client); what
 matters is checked where it lives: the stock column, the Order and
-Reservation rows, and the Redis counters.
+Reservation rows, and the Redis counters. The strategy is the server's choice:
+tests that compare strategies set it (SHOP_STRATEGY) for their requests; the
+demo-only switch that lets a body pick one has tests of its own.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from decimal import Decimal
 from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
-from django.test import Client
+from django.core import checks
+from django.core.management import call_command
+from django.test import Client, override_settings
 
 from demo_shop.shop.models import Order, OrderLine, Product
 from stock_locks import Lock
@@ -44,11 +47,13 @@ def post_json(client, url: str, body, **headers):
 
 
 def order(client, items: dict[str, int], strategy: str | None = None, key: str | None = None):
+    """POST an order; ``strategy``: the server is set to sell it with that strategy."""
     body: dict = {"items": [{"sku": sku, "qty": qty} for sku, qty in items.items()]}
-    if strategy is not None:
-        body["strategy"] = strategy
     headers = {"Idempotency-Key": key} if key is not None else {}
-    return post_json(client, ORDERS, body, **headers)
+    if strategy is None:
+        return post_json(client, ORDERS, body, **headers)
+    with override_settings(SHOP_STRATEGY=strategy):
+        return post_json(client, ORDERS, body, **headers)
 
 
 def pay(client, order_id: int):
@@ -247,7 +252,9 @@ def test_idempotency_key_returns_the_first_order_and_moves_stock_once(client, st
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("key", ["has space", "k" * 81, "", "semi;colon", "caf\u00e9"])
+@pytest.mark.parametrize(
+    "key", ["has space", "k" * 81, "", "semi;colon", "caf\u00e9", "newline\n", "nul\x00", "\udc80"]
+)
 def test_malformed_idempotency_key_is_400_and_changes_nothing(client, key, redis_client):
     make_products(TEA=10)
     before_db, before_redis = db_state(), redis_state(redis_client)
@@ -338,16 +345,20 @@ BAD_BODIES = [
         "the cart has 51 lines; at most 50 are allowed",
         {},
     ),
+    # What no database or Redis client can store: a clear 400, never a 500.
+    ("sku-lone-surrogate", b'{"items": [{"sku": "\\ud800", "qty": 1}]}', "a SKU cannot hold", {}),
+    ("sku-nul", b'{"items": [{"sku": "TE\\u0000A", "qty": 1}]}', "a SKU cannot hold", {}),
+    ("sku-control", b'{"items": [{"sku": "TEA\\n", "qty": 1}]}', "a SKU cannot hold", {}),
     (
-        "unknown-strategy",
-        {**_items({"sku": "TEA", "qty": 1}), "strategy": "nope"},
-        "unknown strategy 'nope'",
+        "sku-surrogate-after-a-good-line",
+        b'{"items": [{"sku": "TEA", "qty": 1}, {"sku": "\\udfff", "qty": 1}]}',
+        "items[1].sku has a character",
         {},
     ),
     (
-        "strategy-not-a-string",
-        {**_items({"sku": "TEA", "qty": 1}), "strategy": 5},
-        "unknown strategy 5",
+        "strategy-in-the-body",
+        {**_items({"sku": "TEA", "qty": 1}), "strategy": "lua"},
+        'remove "strategy"',
         {},
     ),
 ]
@@ -382,10 +393,9 @@ def test_bad_input_is_400_with_a_message_and_changes_nothing(
         assert redis_client.get(keys.counter("TEA")) == b"9"
         assert redis_client.get(keys.counter("CUP")) == b"5"
     before_db, before_redis = db_state(), redis_state(redis_client)
-    if isinstance(body, dict) and "strategy" not in body:
-        body = {**body, "strategy": strategy}
 
-    response = post_json(client, ORDERS, body)
+    with override_settings(SHOP_STRATEGY=strategy):
+        response = post_json(client, ORDERS, body)
 
     assert response.status_code == 400, response.content
     answer = response.json()
@@ -417,17 +427,141 @@ def test_deeply_nested_json_is_400(client):
     assert db_stock("TEA") == 10
 
 
-# -- Redis down, then back empty --------------------------------------------------------------
+@pytest.mark.django_db
+@pytest.mark.parametrize("sku", ["\ud800", "TE\x00A"], ids=["lone-surrogate", "nul"])
+def test_a_bad_sku_with_an_idempotency_key_is_400_and_the_key_stays_free(client, sku):
+    make_products(TEA=10)
+    body = {"items": [{"sku": sku, "qty": 1}]}
+    data = json.dumps(body).encode()  # ensure_ascii: the surrogate travels as \ud800
+    response = post_json(client, ORDERS, data, **{"Idempotency-Key": "retry-me"})
+    assert response.status_code == 400, response.content
+    assert "a SKU cannot hold" in response.json()["message"]
+    assert Order.objects.count() == 0 and Reservation.objects.count() == 0
+    # The key was not used up: the corrected cart goes through under it.
+    assert order(client, {"TEA": 1}, key="retry-me").status_code == 201
+    assert db_stock("TEA") == 9
 
 
-def _table_rows(text: str) -> dict[str, list[str]]:
-    lines = text.strip().splitlines()
-    assert lines[0].split() == ["sku", "db", "redis", "reserved", "drift"]
-    return {cells[0]: cells[1:] for cells in (line.split() for line in lines[1:])}
+# -- the strategy is the server's decision ------------------------------------------------
+
+# Values of "strategy" that must never be read as "the default".
+NOT_A_STRATEGY = [[], "", 0, False, None, "nope", 5, {"name": "lua"}, "LUA"]
 
 
 @pytest.mark.django_db
-def test_redis_down_is_503_and_changes_nothing_then_reconcile_repairs_the_drift(
+@pytest.mark.parametrize("value", ["lua", "watch", *NOT_A_STRATEGY], ids=repr)
+def test_a_body_naming_a_strategy_is_400_unless_the_demo_switch_is_on(client, redis_client, value):
+    make_products(TEA=10)
+    before_db, before_redis = db_state(), redis_state(redis_client)
+    response = post_json(client, ORDERS, {**_items({"sku": "TEA", "qty": 1}), "strategy": value})
+    assert response.status_code == 400, response.content
+    assert response.json()["error"] == "bad_request"
+    assert (
+        'chooses the stock strategy itself (settings); remove "strategy"'
+        in (response.json()["message"])
+    )
+    assert db_state() == before_db
+    assert redis_state(redis_client) == before_redis
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", NOT_A_STRATEGY, ids=repr)
+def test_with_the_demo_switch_a_falsy_or_unknown_strategy_is_400_not_the_default(
+    client, settings, redis_client, value
+):
+    settings.SHOP_STRATEGY_FROM_REQUEST = True
+    make_products(TEA=10)
+    before_db, before_redis = db_state(), redis_state(redis_client)
+    response = post_json(client, ORDERS, {**_items({"sku": "TEA", "qty": 1}), "strategy": value})
+    assert response.status_code == 400, response.content
+    assert response.json()["message"].startswith(f"unknown strategy {value!r}; choose one of")
+    assert db_state() == before_db
+    assert redis_state(redis_client) == before_redis
+
+
+@pytest.mark.django_db
+def test_with_the_demo_switch_the_body_picks_the_strategy(client, settings):
+    settings.SHOP_STRATEGY_FROM_REQUEST = True
+    settings.SHOP_SKU_STRATEGIES = {"TEA": "lua"}
+    make_products(TEA=10)
+    for name in STRATEGIES:  # the request's pick overrides the settings (demo only)
+        body = {**_items({"sku": "TEA", "qty": 1}), "strategy": name}
+        response = post_json(client, ORDERS, body)
+        assert response.status_code == 201, response.content
+        assert response.json()["strategy"] == name
+    assert order(client, {"TEA": 1}).json()["strategy"] == "lua"  # none named: the settings'
+    assert db_stock("TEA") == 4
+    assert sorted(Reservation.objects.values_list("strategy", flat=True)) == sorted(
+        [*STRATEGIES, "lua"]
+    )
+
+
+@pytest.mark.django_db
+def test_per_sku_strategies_and_a_cart_mixing_them_is_400(client, settings, redis_client):
+    settings.SHOP_STRATEGY = "watch"
+    settings.SHOP_SKU_STRATEGIES = {"CUP": "db_conditional"}
+    make_products(TEA=10, CUP=5)
+    assert order(client, {"TEA": 1}).json()["strategy"] == "watch"
+    assert order(client, {"CUP": 1}).json()["strategy"] == "db_conditional"
+    before_db, before_redis = db_state(), redis_state(redis_client)
+
+    response = order(client, {"TEA": 1, "CUP": 1})
+    assert response.status_code == 400
+    assert response.json()["message"] == (
+        "the cart mixes SKUs sold by different stock strategies "
+        "(CUP: db_conditional, TEA: watch); order them separately"
+    )
+    assert db_state() == before_db
+    assert redis_state(redis_client) == before_redis
+
+    settings.SHOP_SKU_STRATEGIES = {"CUP": "watch"}  # one strategy again: one order
+    assert order(client, {"TEA": 1, "CUP": 1}).json()["strategy"] == "watch"
+    assert (db_stock("TEA"), db_stock("CUP")) == (8, 3)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        ({"SHOP_STRATEGY": "fast"}, "SHOP_STRATEGY = 'fast' is not a stock strategy"),
+        (
+            {"SHOP_SKU_STRATEGIES": {"TEA": "lua", "CUP": "redis"}},
+            "SHOP_SKU_STRATEGIES['CUP'] = 'redis' is not a stock strategy",
+        ),
+        ({"SHOP_SKU_STRATEGIES": ["lua"]}, "SHOP_SKU_STRATEGIES must map SKU to strategy name"),
+    ],
+)
+def test_system_check_names_a_strategy_setting_that_is_not_a_strategy(overrides, says):
+    assert [e for e in checks.run_checks() if e.id == "shop.E001"] == []
+    with override_settings(**overrides):
+        errors = [e for e in checks.run_checks() if e.id == "shop.E001"]
+    assert [e.msg for e in errors] == [says]
+
+
+# -- a stale fence is a 409, never a 500 ----------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_stale_fencing_token_is_409_and_changes_nothing(client, redis_client):
+    make_products(TEA=10)
+    placed = order(client, {"TEA": 2}, "lock").json()
+    # A newer writer (a fence far in the future) has fenced the row since.
+    Product.objects.filter(sku="TEA").update(fence=2**62)
+    before_db, before_redis = db_state(), redis_state(redis_client)
+
+    response = order(client, {"TEA": 1}, "lock")
+    assert response.status_code == 409, response.content
+    assert response.json()["error"] == "stale_fence"
+    assert "nothing changed" in response.json()["message"]
+    assert db_state() == before_db
+    assert redis_state(redis_client) == before_redis
+    assert Order.objects.get().ref == placed["ref"]
+
+
+# -- Redis down, then back empty --------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_redis_down_is_503_and_changes_nothing_then_back_empty_nothing_drifts(
     client, redis_factory, use_redis
 ):
     server = redis_factory()
@@ -454,37 +588,23 @@ def test_redis_down_is_503_and_changes_nothing_then_reconcile_repairs_the_drift(
     assert Order.objects.get().status == "pending"
     assert Reservation.objects.get().status == "reserved"
 
-    # Redis comes back with nothing in it. Counters reload from the database on
-    # demand; the crashed-over order's Redis record is gone, so cancelling it puts
-    # its units back in the database only: Redis is now 2 below.
+    # Redis comes back with nothing in it. The app notices (its loaded marker is
+    # gone) and rebuilds the counters and the open reservations' records from the
+    # database, so cancelling the crashed-over order gives its units back in both,
+    # and nobody has to run reconcile_stock --fix.
     server.restart()
     after_crash = order(client, {"TEA": 1}, "lua")
     assert after_crash.status_code == 201
     assert private.get(StockKeys().counter("TEA")) == b"7"
     assert cancel(client, before_crash["order"]).json()["status"] == "cancelled"
     assert db_stock("TEA") == 9
-    assert private.get(StockKeys().counter("TEA")) == b"7"
-
-    out = StringIO()
-    with pytest.raises(CommandError, match="TEA"):
-        call_command("reconcile_stock", stdout=out)
-    assert _table_rows(out.getvalue()) == {
-        "CUP": ["5", "-", "0", "0"],
-        "TEA": ["9", "7", "1", "-2"],
-    }
-
-    out, err = StringIO(), StringIO()
-    call_command("reconcile_stock", "--fix", stdout=out, stderr=err)
-    assert "set 1 counter(s)" in err.getvalue()
-    assert _table_rows(out.getvalue())["TEA"] == ["9", "9", "1", "0"]
     assert private.get(StockKeys().counter("TEA")) == b"9"
 
     out = StringIO()
-    call_command("reconcile_stock", "--json", stdout=out)
+    call_command("reconcile_stock", "--json", stdout=out)  # exit 0: no drift
     report = json.loads(out.getvalue())
     assert {row["sku"]: row["drift"] for row in report} == {"CUP": 0, "TEA": 0}
 
-    # Repaired, not just papered over: the open order still cancels back to 10 everywhere.
     assert cancel(client, after_crash.json()["order"]).status_code == 200
     assert db_stock("TEA") == 10
     assert private.get(StockKeys().counter("TEA")) == b"10"
@@ -548,3 +668,18 @@ def test_shop_page_lists_every_product(client):
     for sku in ("TEA", "CUP", "MUG-&lt;b&gt;"):
         assert sku in page
     assert "MUG-<b>" not in page  # escaped
+
+
+@pytest.mark.django_db
+def test_shop_page_offers_a_strategy_picker_only_under_the_demo_switch(client, settings):
+    make_products(TEA=10)
+    page = client.get("/").content.decode()
+    assert '<select id="strategy">' not in page
+    assert "chosen by the shop (default <code>lua</code>)" in page
+
+    settings.SHOP_STRATEGY_FROM_REQUEST = True
+    settings.SHOP_STRATEGY = "watch"
+    page = client.get("/").content.decode()
+    assert '<select id="strategy">' in page
+    assert "<option selected>watch</option>" in page
+    assert all(f">{name}</option>" in page for name in STRATEGIES)

@@ -1,0 +1,1036 @@
+"""RedLock and Redis Cluster: stock_locks' RedLock on 3 and 5 masters beside the
+single-master Lock, pottery's Redlock and redis-py's Lock; the Lock and the flash
+sale on a Redis Cluster beside one Redis.
+
+Every server is private (127.0.0.1, free ports, stopped by PID): 5 redis-servers
+as independent masters (RedLock x3 and pottery use the first 3, RedLock x5 all
+5, the single-master contenders the first), one more for the contended test's
+inside counter, and for c a 3-master Redis Cluster
+(``tests.support.redis_cluster.RedisClusterServers``).
+
+a. Uncontended acquire+release cycles/s, one reused lock object each, TTL 30 s:
+   stock_locks ``Lock`` on the "default" backend (one master), ``RedLock`` on
+   backends "redlock3" and "redlock5" (``RedLockBackend`` over 3 and 5 masters,
+   default options), pottery's ``Redlock`` on the same 3 masters, redis-py's
+   ``Lock`` on one master. Every master is flushed between contenders. Then a
+   counted run: replies read and server commands (Lua's included) per cycle,
+   summed over the masters, and this process's CPU per cycle (pottery's
+   threads included). stock_locks' grants carry a fencing token, checked
+   strictly increasing over the counted run; pottery's and redis-py's locks
+   have none.
+b. Contended: P processes loop on one name, RedLock x3 against pottery x3:
+   sections/s, the wait from calling acquire() to the grant (p50/p99), and
+   mutual exclusion checked with an INCR/DECR inside counter on the separate
+   redis-server (never above 1), plus RedLock's fences in grant order (merged
+   CLOCK_MONOTONIC timeline of every process) strictly increasing.
+c. Redis Cluster beside one Redis: the uncontended Lock cycle on the default
+   backend (one Redis) and on a ``RedisBackend`` with ``OPTIONS["CLUSTER"]``
+   (a ``RedisCluster`` client), with redis-py's ``Lock`` on both as the
+   reference for what the cluster client itself costs. Then the ``lua``
+   flash sale (``benchmarks.stock.flash``, i.e. ``stock_locks.stress.run_stress``)
+   with the default backend on one Redis and on the cluster, in interleaved
+   rounds. The flash sale needs PostgreSQL: ``--database-url``, else
+   ``DATABASE_URL``, else ``stock_locks_bench`` on 127.0.0.1 (created and
+   migrated when missing); ``--no-flash`` skips it.
+
+Warm-up first; contenders run in interleaved rounds with the order rotated
+each round, and ratios are medians of same-round ratios, because the machine
+is shared and noisy: compare within a run, not across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from importlib import metadata
+from itertools import pairwise
+from typing import Any
+
+import redis
+
+from . import support
+
+NAME = "bench:redlock"  # every contender locks this name (each library adds its own prefix)
+INSIDE = "bench:inside"  # b: processes inside a critical section right now (counter server)
+TTL = 30  # seconds, the lease of every contender
+MASTERS = 5  # independent masters started; RedLock x3 and pottery use the first 3
+CLUSTER_MASTERS = 3
+BATCH = 10  # cycles between clock reads in a timed run
+SEGMENT = 0.2  # seconds, one contender's share of one uncontended round
+
+UNCONTENDED = ("lock1", "redlock3", "redlock5", "pottery3", "redis-py")
+CONTENDED = ("redlock3", "pottery3")
+CLUSTER_KINDS = ("lock1", "cluster", "redis-py", "redis-py cluster")
+LABELS = {
+    "lock1": "stock_locks Lock, 1 master (default backend)",
+    "redlock3": "stock_locks RedLock, 3 masters",
+    "redlock5": "stock_locks RedLock, 5 masters",
+    "pottery3": "pottery Redlock, 3 masters",
+    "redis-py": "redis-py Lock, 1 master",
+    "cluster": "stock_locks Lock, Redis Cluster (3 masters)",
+    "redis-py cluster": "redis-py Lock, Redis Cluster (RedisCluster.lock)",
+}
+MASTER_COUNT = {"lock1": 1, "redlock3": 3, "redlock5": 5, "pottery3": 3, "redis-py": 1}
+FENCED = {"lock1", "redlock3", "redlock5", "cluster"}
+HOW_THEY_WAIT = {
+    "redlock3": "wake-up on release, BLPOP on one master",
+    "pottery3": "polls, random sleep 0-0.2 s",
+}
+REDLOCK_BACKEND = "stock_locks.backends.redlock.RedLockBackend"
+REDIS_BACKEND = "stock_locks.backends.redis.RedisBackend"
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/stock_locks_bench"
+TARGET = 1.0  # RedLock x3 / pottery x3 uncontended cycles/s, fencing on
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks redlock",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    parser.add_argument(
+        "--only", choices=["a", "b", "c"], action="append", help="run only these sections"
+    )
+    parser.add_argument(
+        "--seconds", type=float, help="a and c: measured seconds per contender (3; quick 0.6)"
+    )
+    parser.add_argument("--processes", type=int, default=4, help="b: contending processes (4)")
+    parser.add_argument(
+        "--contended-seconds",
+        type=float,
+        help="b: measured seconds per contender, cut in --rounds rounds (3; quick 0.8)",
+    )
+    parser.add_argument("--rounds", type=int, help="b: interleaved rounds (3; quick 2)")
+    parser.add_argument(
+        "--work-ms", type=float, default=1.0, help="b: busy work inside a section (1)"
+    )
+    parser.add_argument(
+        "--outside-ms", type=float, default=1.0, help="b: sleep between sections (1)"
+    )
+    parser.add_argument(
+        "--cluster-replicas",
+        type=int,
+        default=0,
+        help="c: replicas per cluster master (0: 2 CPUs are shared by every server)",
+    )
+    parser.add_argument("--no-flash", action="store_true", help="c: skip the flash sale")
+    parser.add_argument("--database-url", help="c: PostgreSQL of the flash sale")
+    parser.add_argument("--flash-stock", type=int, help="c: flash sale units (1000; quick 200)")
+    parser.add_argument("--flash-buyers", type=int, help="c: flash sale buyers (5000; quick 1000)")
+    parser.add_argument("--flash-processes", type=int, help="c: flash sale processes (8; quick 4)")
+    parser.add_argument(
+        "--flash-rounds", type=int, help="c: flash sale rounds, each side once (2; quick 1)"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="append a cProfile of RedLock x3 and Lock cycles"
+    )
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.seconds = args.seconds or (0.6 if quick else 3.0)
+    args.contended_seconds = args.contended_seconds or (0.8 if quick else 3.0)
+    args.rounds = args.rounds or (2 if quick else 3)
+    args.segments = max(3, round(args.seconds / SEGMENT))
+    args.warmup = 0.1 if quick else 0.3  # seconds, per contender before measuring
+    args.flash_stock = args.flash_stock or (200 if quick else 1000)
+    args.flash_buyers = args.flash_buyers or (1000 if quick else 5000)
+    args.flash_processes = args.flash_processes or (4 if quick else 8)
+    args.flash_rounds = args.flash_rounds or (1 if quick else 2)
+    if args.processes < 2:
+        parser.error("--processes: at least 2 (it is a contended test)")
+    return args
+
+
+# -- the servers and the backends ------------------------------------------------------
+
+
+class Env:
+    """The servers of a run, by URL (the independent masters, the counter server and,
+    for c, the cluster), admin clients of them, and the backends configured on them."""
+
+    def __init__(self, master_urls: list[str], counter_url: str) -> None:
+        self.master_urls = master_urls
+        self.counter_url = counter_url
+        self.admin = [redis.Redis.from_url(url) for url in master_urls]
+        self.cluster: Any = None
+        self.cluster_admin: Any = None
+
+    def urls(self, count: int) -> list[str]:
+        return self.master_urls[:count]
+
+    def backends(self, counting: bool = False) -> dict[str, dict]:
+        """``STOCK_LOCKS["BACKENDS"]`` of this run (``default`` left implicit: the
+        django-redis cache on the first master). With ``counting``, also
+        "redlock3-counted" and "redlock5-counted", whose connections count replies."""
+        backends: dict[str, dict] = {}
+        for count in (3, 5):
+            backends[f"redlock{count}"] = {"BACKEND": REDLOCK_BACKEND, "LOCATION": self.urls(count)}
+            if counting:
+                backends[f"redlock{count}-counted"] = {
+                    "BACKEND": REDLOCK_BACKEND,
+                    "LOCATION": self.urls(count),
+                    "OPTIONS": {"CONNECTION_CLASS": CountingConnection},
+                }
+        if self.cluster is not None:
+            backends["cluster"] = cluster_backend(self.cluster)
+        return backends
+
+    def flush(self) -> None:
+        for client in self.admin:
+            client.flushall()
+        if self.cluster_admin is not None:
+            self.cluster_admin.flushall()
+
+    def close(self) -> None:
+        for client in self.admin:
+            client.close()
+        if self.cluster_admin is not None:
+            self.cluster_admin.close()
+
+
+def cluster_backend(cluster: Any) -> dict:
+    return {"BACKEND": REDIS_BACKEND, "LOCATION": cluster.url, "OPTIONS": {"CLUSTER": True}}
+
+
+class CountingConnection(redis.Connection):
+    """Counts replies read, i.e. one per command sent (pipelined or not)."""
+
+    replies = 0
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        CountingConnection.replies += 1
+        return super().read_response(*args, **kwargs)
+
+
+def master_clients(env: Env, count: int, counting: bool = False) -> list[redis.Redis]:
+    kwargs = {"connection_class": CountingConnection} if counting else {}
+    return [redis.Redis.from_url(url, **kwargs) for url in env.urls(count)]
+
+
+def make_lock(kind: str, env: Env, counting: bool = False) -> Any:
+    """One reusable lock object of ``kind``; ``acquire()`` blocks, ``release()``.
+    With ``counting``, on connections that count replies."""
+    from stock_locks import Lock, RedLock
+
+    if kind == "lock1":
+        if counting:
+            from demo_shop.settings import redis_db
+
+            client = redis.Redis.from_url(
+                redis_db(env.master_urls[0], 1), connection_class=CountingConnection
+            )
+            return Lock(NAME, TTL, redis=client)
+        return Lock(NAME, TTL)
+    if kind in ("redlock3", "redlock5"):
+        return RedLock(NAME, TTL, backend=f"{kind}-counted" if counting else kind)
+    if kind == "pottery3":
+        from pottery import Redlock
+
+        masters = set(master_clients(env, 3, counting))
+        return Redlock(key=NAME, masters=masters, auto_release_time=TTL)
+    if kind == "redis-py":
+        (client,) = master_clients(env, 1, counting)
+        return client.lock(NAME, timeout=TTL)  # defaults: blocking, sleep=0.1
+    if kind == "cluster":
+        return Lock(NAME, TTL, backend="cluster")
+    if kind == "redis-py cluster":
+        return env.cluster_admin.lock(NAME, timeout=TTL)
+    raise ValueError(kind)
+
+
+def rotated(kinds: tuple[str, ...], r: int) -> tuple[str, ...]:
+    """``kinds`` starting at the ``r``-th: each round starts with another contender."""
+    return kinds[r % len(kinds) :] + kinds[: r % len(kinds)]
+
+
+def paired(a: list[float], b: list[float]) -> list[float]:
+    return [x / y for x, y in zip(a, b, strict=True) if y]
+
+
+# -- a. uncontended ---------------------------------------------------------------------
+
+
+def timed_cycles(lock: Any, seconds: float) -> tuple[float, float]:
+    """Acquire+release cycles per second for ``seconds``, and this process's CPU per
+    cycle in microseconds (every thread's, user + system)."""
+    acquire, release = lock.acquire, lock.release
+    cycles = 0
+    clock = time.perf_counter
+    cpu = time.process_time()
+    start = clock()
+    end = start + seconds
+    while True:
+        for _ in range(BATCH):
+            if not acquire():
+                raise RuntimeError("an uncontended acquire was refused")
+            release()
+        cycles += BATCH
+        now = clock()
+        if now >= end:
+            return cycles / (now - start), (time.process_time() - cpu) / cycles * 1e6
+
+
+def measure(
+    env: Env, kinds: tuple[str, ...], args: argparse.Namespace, what: str
+) -> dict[str, dict[str, list[float]]]:
+    """Warm-up, then ``args.segments`` interleaved rounds of every contender: per
+    contender its cycles/s and client CPU us/cycle of each round."""
+    locks = {kind: make_lock(kind, env) for kind in kinds}
+    support.progress(f"{what}: warm-up")
+    for kind in kinds:
+        env.flush()
+        timed_cycles(locks[kind], args.warmup)
+    out: dict[str, dict[str, list[float]]] = {kind: {"rates": [], "cpu": []} for kind in kinds}
+    support.progress(f"{what}: {args.segments} rounds of {len(kinds)} contenders")
+    per = args.seconds / args.segments
+    for r in range(args.segments):
+        for kind in rotated(kinds, r):
+            env.flush()
+            rate, cpu = timed_cycles(locks[kind], per)
+            out[kind]["rates"].append(rate)
+            out[kind]["cpu"].append(cpu)
+    env.flush()
+    return out
+
+
+def server_cpu(env: Env) -> float:
+    """Seconds of CPU (user + system) every master has used since it started, summed."""
+    total = 0.0
+    for client in env.admin:
+        info = client.info("cpu")
+        total += info["used_cpu_user"] + info["used_cpu_sys"]
+    return total
+
+
+def server_commands(env: Env) -> Counter:
+    """Commands run on every master since its last CONFIG RESETSTAT, by name, summed."""
+    total: Counter = Counter()
+    for client in env.admin:
+        for key, value in client.info("commandstats").items():
+            name = key.removeprefix("cmdstat_")
+            if name.split("|")[0] not in ("config", "info"):  # ours: RESETSTAT, INFO
+                total[name] += value["calls"]
+    return total
+
+
+def counted(env: Env, kinds: tuple[str, ...], chunks: int, seconds: float) -> dict[str, dict]:
+    """Per contender and cycle: replies read and server commands (all masters), from
+    ``chunks`` interleaved chunks of ``seconds`` each (a warm-up chunk first); and the
+    fences of stock_locks' grants, checked strictly increasing."""
+    locks = {kind: make_lock(kind, env, counting=True) for kind in kinds}
+    out = {
+        kind: {
+            "cycles": 0,
+            "replies": 0,
+            "by_name": Counter(),
+            "server_us": [],
+            "fences": 0,
+            "fence_ok": True,
+        }
+        for kind in kinds
+    }
+    for r in range(-1, chunks):  # round -1 is the warm-up: connect, load scripts
+        for kind in rotated(kinds, r):
+            lock = locks[kind]
+            env.flush()
+            # One cycle first: on masters just emptied the fences proposed (each master's
+            # clock) disagree, which costs the first grant one more round.
+            lock.acquire()
+            lock.release()
+            for client in env.admin:
+                client.config_resetstat()
+            cpu_before = server_cpu(env)
+            fences: list[int] = []
+            cycles = 0
+            CountingConnection.replies = 0
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                if not lock.acquire():
+                    raise RuntimeError("an uncontended acquire was refused")
+                if kind in FENCED:
+                    fences.append(lock.fence)
+                lock.release()
+                cycles += 1
+            replies = CountingConnection.replies
+            cpu_used = server_cpu(env) - cpu_before
+            if r < 0:
+                continue
+            entry = out[kind]
+            entry["cycles"] += cycles
+            entry["replies"] += replies
+            entry["server_us"].append(cpu_used / cycles * 1e6)
+            entry["by_name"].update(server_commands(env))
+            entry["fences"] += len(fences)
+            entry["fence_ok"] &= all(a < b for a, b in pairwise(fences))
+    env.flush()
+    return {
+        kind: {
+            "replies": entry["replies"] / entry["cycles"],
+            "commands": sum(entry["by_name"].values()) / entry["cycles"],
+            "by_name": {n: calls / entry["cycles"] for n, calls in entry["by_name"].items()},
+            "server_us": support.median(entry["server_us"]),
+            "fences": entry["fences"],
+            "fence_ok": entry["fence_ok"],
+        }
+        for kind, entry in out.items()
+    }
+
+
+def fence_text(kind: str, count: dict) -> str:
+    if kind not in FENCED:
+        return "none (not fenced)"
+    ok = "strictly increasing" if count["fence_ok"] else "NOT INCREASING"
+    return f"yes: {count['fences']:,} fences {ok}"
+
+
+def uncontended(env: Env, args: argparse.Namespace) -> tuple[list[str], dict]:
+    stats = measure(env, UNCONTENDED, args, "uncontended")
+    support.progress("uncontended: counting replies and commands")
+    counts = counted(env, UNCONTENDED, args.segments, 0.1 if args.quick else 0.2)
+    rates = {kind: stats[kind]["rates"] for kind in UNCONTENDED}
+    rows = []
+    for kind in UNCONTENDED:
+        rate = support.median(rates[kind])
+        count = counts[kind]
+        rows.append(
+            [
+                LABELS[kind],
+                MASTER_COUNT[kind],
+                f"{rate:,.0f}",
+                f"{min(rates[kind]):,.0f}-{max(rates[kind]):,.0f}",
+                f"{1e6 / rate:.0f}",
+                f"{support.median(paired(rates[kind], rates['pottery3'])):.2f}x",
+                f"{support.median(paired(rates[kind], rates['lock1'])):.2f}x",
+                f"{count['replies'] / MASTER_COUNT[kind]:.2f}",
+                f"{count['commands']:.1f}",
+                f"{support.median(stats[kind]['cpu']):.0f}",
+                f"{count['server_us']:.0f}",
+                fence_text(kind, count),
+            ]
+        )
+    lines = [
+        f"a. Uncontended acquire+release, one reused lock object each, TTL {TTL} s: "
+        f"{args.segments} interleaved rounds x {args.seconds / args.segments:.2f} s per "
+        f"contender (after {args.warmup:g} s warm-up each), order rotated each round; "
+        "cycles/s is the median of rounds",
+        "",
+        support.table(
+            [
+                "contender",
+                "masters",
+                "cycles/s",
+                "rounds min-max",
+                "us/cycle",
+                "vs pottery x3*",
+                "vs Lock x1*",
+                "replies per master/cycle",
+                "server commands/cycle (all masters)",
+                "client CPU us/cycle",
+                "server CPU us/cycle (all masters)",
+                "fenced",
+            ],
+            rows,
+        ),
+        "",
+        "* median over rounds of (this contender's cycles/s / the other's in the same round).",
+        "Replies and commands: a separate counted run (connections that count replies; "
+        "CONFIG RESETSTAT, then INFO commandstats on every master, where commands run by "
+        "Lua count too; after each flush one cycle runs uncounted, since on emptied "
+        "masters the fences proposed disagree and the first grant takes a third round). "
+        "A RedLock round sends to every master at once and reads the "
+        "replies after, so replies per master is its sequential round trips; pottery "
+        "sends from one thread per master (a new thread pool per acquire and per "
+        "release). Client CPU: process_time() (all threads) over the timed rounds; server "
+        "CPU: INFO cpu of every master over the counted run (median of chunks). "
+        "Fences: stock_locks' grants, read after each acquire in the counted run; "
+        "pottery's Redlock and redis-py's Lock give no fencing token. Server commands "
+        "per cycle by name:",
+    ]
+    for kind in UNCONTENDED:
+        by_name = counts[kind]["by_name"]
+        detail = ", ".join(f"{name} {calls:.2f}" for name, calls in sorted(by_name.items()))
+        lines.append(f"  {LABELS[kind]}: {detail}")
+    pairs = paired(rates["redlock3"], rates["pottery3"])
+    ratio = support.median(pairs)
+    of_medians = support.median(rates["redlock3"]) / support.median(rates["pottery3"])
+    fenced = counts["redlock3"]["fence_ok"] and counts["redlock3"]["fences"] > 0
+    lines += [
+        "",
+        "Targets:",
+        f"  RedLock x3 (fenced) / pottery Redlock x3 (unfenced) cycles/s, median of same-round "
+        f"ratios = {ratio:.2f}x >= {TARGET:.2f}x: {support.verdict(ratio >= TARGET and fenced)}"
+        f"  (min {min(pairs):.2f}, max {max(pairs):.2f}; ratio of the medians "
+        f"{of_medians:.2f}x; fences strictly increasing: {'yes' if fenced else 'NO'})",
+    ]
+    for kind in ("redlock3", "redlock5"):
+        trips = counts[kind]["replies"] / MASTER_COUNT[kind]
+        lines.append(
+            f"  {LABELS[kind]}: {trips:.2f} round trips/cycle (replies per master) <= 2: "
+            f"{support.verdict(trips <= 2.005)}"
+        )
+    return lines, {"rates": rates, "counts": counts}
+
+
+# -- b. contended -------------------------------------------------------------------------
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def contended_worker(team, backends, master_urls, counter_url, plan, work_ms, outside_ms, warmup):
+    """One process of the contended test: runs every phase of ``plan`` in step with
+    the others; per phase, its sections as (acquire called, granted, fence or None)
+    and its counts of exclusion violations and acquire/release errors."""
+    from stock_locks.exceptions import StockLocksError
+
+    support.configure_stock_locks(BACKENDS=backends)
+    env = Env(master_urls, counter_url)
+    counter = redis.Redis.from_url(counter_url)
+    phases = []
+    for kind, seconds in plan:
+        lock = make_lock(kind, env)
+        team.sync()
+        if team.index == 0:
+            env.flush()
+            counter.flushall()
+        team.sync()
+        start = time.monotonic()
+        measure_from = start + warmup
+        stop = measure_from + seconds
+        samples = []
+        violations = errors = 0
+        error_sample = ""
+        while time.monotonic() < stop:
+            t0 = time.monotonic()
+            try:
+                granted = lock.acquire()
+            except (StockLocksError, redis.RedisError) as exc:
+                errors += 1
+                error_sample = error_sample or f"{type(exc).__name__}: {exc}"
+                continue
+            t1 = time.monotonic()
+            if not granted:
+                raise RuntimeError(f"{kind}: a blocking acquire returned False")
+            if counter.incr(INSIDE) != 1:
+                violations += 1
+            _busy(work_ms / 1000)
+            counter.decr(INSIDE)
+            fence = lock.fence if kind in FENCED else None
+            try:
+                lock.release()
+            except (StockLocksError, redis.RedisError) as exc:
+                errors += 1
+                error_sample = error_sample or f"{type(exc).__name__}: {exc}"
+            samples.append((t0, t1, fence))
+            time.sleep(outside_ms / 1000)
+        phases.append(
+            {
+                "kind": kind,
+                "measure_from": measure_from,
+                "stop": stop,
+                "samples": samples,
+                "violations": violations,
+                "errors": errors,
+                "error_sample": error_sample,
+            }
+        )
+    counter.close()
+    env.close()
+    return phases
+
+
+def contended(env: Env, args: argparse.Namespace) -> tuple[list[str], dict]:
+    per_phase = args.contended_seconds / args.rounds
+    plan = []
+    for r in range(args.rounds):
+        plan += [(kind, per_phase) for kind in rotated(CONTENDED, r)]
+    support.progress(
+        f"contended: {args.processes} processes, {len(plan)} phases of "
+        f"{args.warmup:g} s warm-up + {per_phase:.2f} s"
+    )
+    results = support.run_workers(
+        contended_worker,
+        args.processes,
+        env.backends(),
+        env.urls(MASTERS),
+        env.counter_url,
+        plan,
+        args.work_ms,
+        args.outside_ms,
+        args.warmup,
+    )
+    stats = {
+        kind: {
+            "rates": [],
+            "waits": [],
+            "sections": Counter(),
+            "violations": 0,
+            "errors": 0,
+            "error_sample": "",
+            "again": 0,
+            "fences": 0,
+            "fence_ok": True,
+        }
+        for kind in CONTENDED
+    }
+    for p, (kind, _) in enumerate(plan):
+        phase = [worker[p] for worker in results]
+        lo = max(w["measure_from"] for w in phase)  # the window every worker measured in
+        hi = min(w["stop"] for w in phase)
+        entry = stats[kind]
+        grants = []  # (granted at, process, fence), the whole phase: fences in grant order
+        in_window = []
+        for index, w in enumerate(phase):
+            entry["violations"] += w["violations"]
+            entry["errors"] += w["errors"]
+            entry["error_sample"] = entry["error_sample"] or w["error_sample"]
+            for t0, t1, fence in w["samples"]:
+                grants.append((t1, index, fence))
+                if lo <= t1 < hi:
+                    in_window.append((t1, index))
+                    entry["sections"][index] += 1
+                if lo <= t0 < hi:
+                    entry["waits"].append(t1 - t0)
+        grants.sort()
+        in_window.sort()
+        entry["again"] += sum(a[1] == b[1] for a, b in pairwise(in_window))
+        entry["rates"].append(len(in_window) / (hi - lo))
+        if kind in FENCED:
+            fences = [fence for _, _, fence in grants]
+            entry["fences"] += len(fences)
+            entry["fence_ok"] &= all(a < b for a, b in pairwise(fences))
+    rows = []
+    for kind in CONTENDED:
+        entry = stats[kind]
+        waits = entry["waits"]
+        per_process = [entry["sections"][i] for i in range(args.processes)]
+        rows.append(
+            [
+                f"{LABELS[kind]} ({HOW_THEY_WAIT[kind]})",
+                f"{support.median(entry['rates']):,.0f}",
+                f"{support.median(paired(entry['rates'], stats['pottery3']['rates'])):.2f}x",
+                f"{support.percentile(waits, 50) * 1000:.2f}",
+                f"{support.percentile(waits, 99) * 1000:.2f}",
+                f"{max(waits) * 1000:.1f}" if waits else "-",
+                f"{min(per_process)}-{max(per_process)}",
+                f"{100 * entry['again'] / max(1, sum(per_process)):.0f}%",
+                entry["violations"],
+                entry["errors"],
+                (
+                    f"{entry['fences']:,} in grant order, "
+                    + ("strictly increasing" if entry["fence_ok"] else "NOT INCREASING")
+                )
+                if kind in FENCED
+                else "none (not fenced)",
+            ]
+        )
+    lines = [
+        f"b. Contended: {args.processes} processes on one lock name, TTL {TTL} s; inside each "
+        f"section {args.work_ms:g} ms of busy work between INCR/DECR of the inside counter "
+        f"(its own redis-server), {args.outside_ms:g} ms sleep outside; {args.rounds} "
+        f"interleaved rounds x {per_phase:.2f} s (after {args.warmup:g} s warm-up) per "
+        "contender. sections/s: median of rounds; waits (acquire() called to granted) "
+        "pooled over rounds",
+        "",
+        support.table(
+            [
+                "contender",
+                "sections/s",
+                "vs pottery x3*",
+                "wait p50 ms",
+                "wait p99 ms",
+                "wait max ms",
+                "sections per process min-max",
+                "same process again",
+                "violations",
+                "errors",
+                "fences",
+            ],
+            rows,
+        ),
+        "",
+        "* median over rounds of (sections/s / pottery's in the same round). same process "
+        "again: share of grants that went to the process that held the lock just before "
+        "(a poller that sleeps loses the race to the releaser). errors: acquire() or "
+        "release() raising (e.g. RedisUnavailable when a majority missed the node "
+        "timeout on this loaded machine); the loop then goes on.",
+    ]
+    for kind in CONTENDED:
+        if stats[kind]["error_sample"]:
+            lines.append(f"  {LABELS[kind]}, e.g.: {stats[kind]['error_sample']}")
+    violations = sum(stats[kind]["violations"] for kind in CONTENDED)
+    ours = stats["redlock3"]
+    lines += [
+        "",
+        "Targets:",
+        f"  mutual-exclusion violations, both contenders: {violations} == 0: "
+        f"{support.verdict(violations == 0)}",
+        f"  RedLock x3 fences strictly increasing in grant order across processes "
+        f"({ours['fences']:,} grants): {support.verdict(ours['fence_ok'] and ours['fences'] > 0)}",
+    ]
+    return lines, {"stats": stats}
+
+
+# -- c. Redis Cluster ---------------------------------------------------------------------
+
+
+def cluster_locks(env: Env, args: argparse.Namespace) -> list[str]:
+    stats = measure(env, CLUSTER_KINDS, args, "cluster locks")
+    rates = {kind: stats[kind]["rates"] for kind in CLUSTER_KINDS}
+    reference = {"lock1": "lock1", "cluster": "lock1", "redis-py": "redis-py"}
+    reference["redis-py cluster"] = "redis-py"
+    rows = []
+    for kind in CLUSTER_KINDS:
+        rate = support.median(rates[kind])
+        rows.append(
+            [
+                LABELS[kind],
+                f"{rate:,.0f}",
+                f"{min(rates[kind]):,.0f}-{max(rates[kind]):,.0f}",
+                f"{1e6 / rate:.0f}",
+                f"{support.median(paired(rates[kind], rates[reference[kind]])):.2f}x",
+                f"{support.median(paired(rates[kind], rates['redis-py'])):.2f}x",
+                f"{support.median(stats[kind]['cpu']):.0f}",
+            ]
+        )
+    cluster_ratio = support.median(paired(rates["cluster"], rates["lock1"]))
+    redis_py_ratio = support.median(paired(rates["redis-py cluster"], rates["redis-py"]))
+    return [
+        f"c1. Uncontended Lock cycle, one Redis against a {CLUSTER_MASTERS}-master Redis "
+        f"Cluster ({args.cluster_replicas} replicas per master), TTL {TTL} s: "
+        f"{args.segments} interleaved rounds x {args.seconds / args.segments:.2f} s per "
+        f"contender (after {args.warmup:g} s warm-up each); cycles/s the median of rounds",
+        "",
+        support.table(
+            [
+                "contender",
+                "cycles/s",
+                "rounds min-max",
+                "us/cycle",
+                "cluster / one Redis*",
+                "vs redis-py 1 master*",
+                "client CPU us/cycle",
+            ],
+            rows,
+        ),
+        "",
+        "* median over rounds of same-round ratios; 'cluster / one Redis' pairs each "
+        "cluster row with the same library on one Redis (1.00x on the one-Redis rows).",
+        f"  stock_locks Lock on the cluster runs at {cluster_ratio:.2f}x its one-Redis rate; "
+        f"redis-py's Lock at {redis_py_ratio:.2f}x (what RedisCluster's routing costs any "
+        "client).",
+    ]
+
+
+def flash_sales(env: Env, args: argparse.Namespace) -> list[str]:
+    """The lua flash sale (benchmarks.stock.flash) with the default backend on one Redis
+    and on the cluster, one run per side and round, sides interleaved. A side whose run
+    raises is reported with where it raised and not run again."""
+    from . import stock
+
+    sides = ("one Redis", "cluster")
+    options = argparse.Namespace(
+        strategies=["lua"],
+        flash_stock=args.flash_stock,
+        flash_buyers=args.flash_buyers,
+        flash_processes=args.flash_processes,
+        flash_rounds=1,
+    )
+    runs: dict[str, dict[int, Any]] = {side: {} for side in sides}
+    failed: dict[str, str] = {}
+    for r in range(1, args.flash_rounds + 1):
+        for side in rotated(sides, r - 1):
+            if side in failed:
+                continue
+            backends = env.backends()
+            if side == "cluster":
+                backends["default"] = cluster_backend(env.cluster)
+            override = support.configure_stock_locks(BACKENDS=backends)
+            support.progress(f"flash sale round {r}/{args.flash_rounds}: {side}")
+            try:
+                _, result = stock.flash(options)
+                runs[side][r] = result["runs"]["lua"][0]
+            except Exception as exc:  # report it; keep the other side's figures
+                failed[side] = (
+                    f"round {r}: {type(exc).__name__}: {exc}\n    raised at {raised_at(exc)}"
+                )
+            finally:
+                override.disable()
+    rows = []
+    for side in sides:
+        for r, res in runs[side].items():
+            rows.append(
+                [
+                    side,
+                    r,
+                    f"{res.throughput_per_s:,.0f}",
+                    res.attempts,
+                    res.sold,
+                    res.refused,
+                    res.errors,
+                    res.oversold,
+                    res.drift,
+                    "yes" if res.conserved else "NO",
+                    f"{res.p50_ms:.2f}",
+                    f"{res.p99_ms:.2f}",
+                    f"{res.seconds:.2f}",
+                ]
+            )
+        if side in failed:
+            rows.append([side, "-", "failed", *["-"] * 10])
+    both = [r for r in runs["cluster"] if r in runs["one Redis"]]
+    pairs = [
+        runs["cluster"][r].throughput_per_s / runs["one Redis"][r].throughput_per_s for r in both
+    ]
+    bad = [side for side in sides if not all(res.ok for res in runs[side].values())]
+    lines = [
+        f"c2. Flash sale, lua strategy (benchmarks.stock.flash -> stock_locks.stress.run_stress, "
+        f"ORM buyers): {args.flash_stock:,} units, {args.flash_buyers:,} buyers, "
+        f"{args.flash_processes} forked processes, one hot SKU; STOCK_LOCKS BACKENDS "
+        f'"default" on one Redis (the django-redis cache) or on the cluster (RedisBackend, '
+        f"CLUSTER); {args.flash_rounds} round(s), sides interleaved",
+        "",
+        support.table(
+            [
+                "default backend",
+                "round",
+                "attempts/s",
+                "attempts",
+                "sold",
+                "refused",
+                "errors",
+                "oversold",
+                "drift",
+                "conserved",
+                "p50 ms",
+                "p99 ms",
+                "seconds",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    if pairs:
+        lines.append(
+            "  cluster / one Redis attempts/s, median of same-round ratios: "
+            f"{support.median(pairs):.2f}x (rounds: " + ", ".join(f"{p:.2f}" for p in pairs) + ")"
+        )
+    else:
+        lines.append("  cluster / one Redis: no round where both sides ran")
+    measured = [side for side in sides if runs[side]]
+    lines.append(
+        f"  oversold 0, drift 0, stock conserved, no errors ({', '.join(measured) or 'none'}): "
+        + (support.verdict(True) if not bad else f"FAIL ({', '.join(bad)})")
+    )
+    for side, why in failed.items():
+        lines.append(f"  {side}: not measured, the run raised ({why})")
+    for side in sides:
+        samples = [s for res in runs[side].values() for s in res.error_samples]
+        if samples:
+            lines.append(f"  {side} errors, e.g. {samples[0]}")
+    return lines
+
+
+def cluster_part(env: Env, args: argparse.Namespace) -> list[str]:
+    from tests.support.redis_cluster import RedisClusterServers
+
+    support.progress(
+        f"starting a {CLUSTER_MASTERS}-master Redis Cluster ({args.cluster_replicas} replicas each)"
+    )
+    cluster = RedisClusterServers(
+        masters=CLUSTER_MASTERS, replicas_per_master=args.cluster_replicas
+    )
+    try:
+        cluster.start()
+        env.cluster = cluster
+        env.cluster_admin = cluster.client()
+        override = support.configure_stock_locks(BACKENDS=env.backends())
+        try:
+            lines = cluster_locks(env, args)
+        finally:
+            override.disable()
+        if not args.no_flash:
+            lines += [""]
+            try:
+                lines += flash_sales(env, args)
+            except Exception as exc:  # report, keep the lock figures
+                lines.append(f"c2. Flash sale: not measured: {type(exc).__name__}: {exc}")
+                lines.append(f"  raised at {raised_at(exc)}")
+    finally:
+        if env.cluster_admin is not None:
+            env.cluster_admin.close()
+        env.cluster = env.cluster_admin = None
+        cluster.stop()
+    return lines
+
+
+def raised_at(exc: BaseException) -> str:
+    """The innermost stock_locks frames of ``exc``'s traceback, innermost last."""
+    import traceback
+
+    frames = [
+        f"{frame.filename[frame.filename.rindex('stock_locks') :]}:{frame.lineno} ({frame.name})"
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if f"{os.sep}stock_locks{os.sep}" in frame.filename
+    ]
+    return " <- ".join(reversed(frames[-3:])) or "outside stock_locks"
+
+
+def prepare_database(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The flash sale's database URL (created and migrated later), or None with why not."""
+    if args.no_flash:
+        return None, "not asked for"
+    url = args.database_url or os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    try:
+        support.ensure_database(url)
+    except Exception as exc:
+        return None, f"database not reachable: {type(exc).__name__}: {exc}"
+    return url, ""
+
+
+# -- profile ----------------------------------------------------------------------------
+
+
+def profile(env: Env, kind: str, seconds: float) -> list[str]:
+    """cProfile of ``kind``'s uncontended cycle: own time per cycle by package, and the
+    functions with the most own time (cProfile inflates small calls: compare shares)."""
+    import cProfile
+    import pstats
+
+    lock = make_lock(kind, env)
+    env.flush()
+    timed_cycles(lock, 0.2)
+    profiler = cProfile.Profile()
+    cycles = 0
+    end = time.perf_counter() + seconds
+    profiler.enable()
+    while time.perf_counter() < end:
+        lock.acquire()
+        lock.release()
+        cycles += 1
+    profiler.disable()
+    env.flush()
+    entries = pstats.Stats(profiler).stats  # (file, line, function) -> (cc, calls, own, cum, _)
+    groups: Counter = Counter()
+    for (path, _, function), (_, _, own, _, _) in entries.items():
+        if f"{os.sep}stock_locks{os.sep}" in path:
+            groups["stock_locks"] += own
+        elif f"{os.sep}redis{os.sep}" in path:
+            groups["redis-py"] += own
+        elif "socket" in function or "select" in function or "poll" in function:
+            groups["socket send/recv/poll"] += own
+        else:
+            groups["other (stdlib, builtins)"] += own
+    per_cycle = 1e6 / max(1, cycles)
+    top = sorted(
+        ((own, cum, calls, path, line, function)
+         for (path, line, function), (_, calls, own, cum, _) in entries.items()),
+        reverse=True,
+    )  # fmt: skip
+
+    def where(path: str, line: int, function: str) -> str:
+        for marker in ("stock_locks", "redis", "pottery"):
+            if f"{os.sep}{marker}{os.sep}" in path:
+                start = path.rindex(f"{os.sep}{marker}{os.sep}") + 1
+                return f"{path[start:]}:{line}({function})"
+        return f"{path}:{line}({function})" if path != "~" else function
+
+    rows = [
+        [where(path, line, function), calls // max(1, cycles), f"{own * per_cycle:.1f}",
+         f"{cum * per_cycle:.1f}"]
+        for own, cum, calls, path, line, function in top[:14]
+    ]  # fmt: skip
+    return [
+        f"cProfile of {cycles} {LABELS[kind]} cycles (profiled times are inflated; compare "
+        "shares). Own time per cycle by package:",
+        "  " + ", ".join(f"{name} {own * per_cycle:.1f} us" for name, own in groups.most_common()),
+        "",
+        support.table(["function", "calls/cycle", "own us/cycle", "cum us/cycle"], rows),
+    ]
+
+
+# -- report -------------------------------------------------------------------------------
+
+
+def header(env: Env) -> list[str]:
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "?"
+
+    from stock_locks.backends import redlock
+
+    parser = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python"
+    return [
+        f"RedLock and Redis Cluster benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        f"redis-server {support.redis_version(env.admin[0])} (private, 127.0.0.1: "
+        f"{MASTERS} independent masters + 1 counter server); Python "
+        f"{platform.python_version()} on {platform.machine()}; {os.cpu_count()} CPUs",
+        f"redis-py {version('redis')} ({parser} parser), pottery {version('pottery')}, "
+        f"Django {version('Django')}; RedLockBackend default options (NODE_TIMEOUT "
+        f"{redlock.NODE_TIMEOUT:g} s, RETRY_DELAY {redlock.RETRY_DELAY:g} s, CLOCK_DRIFT "
+        f"{redlock.CLOCK_DRIFT:g})",
+    ]
+
+
+def load_average() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def main(argv: list[str]) -> str:
+    args = parse_args(argv)
+    sections = set(args.only or "abc")
+    load_before = load_average()
+    db_url, no_db = prepare_database(args) if "c" in sections else (None, "")
+    with (
+        support.private_redis_servers(MASTERS) as masters,
+        support.private_redis() as counter,
+    ):
+        support.setup_django(masters[0].url, db_url)
+        env = Env([server.url for server in masters], counter.url)
+        override = support.configure_stock_locks(BACKENDS=env.backends(counting=True))
+        try:
+            lines = header(env)
+            if args.quick:
+                lines.append("(--quick smoke run: short measurements, numbers are rough)")
+            if "a" in sections:
+                part, _ = uncontended(env, args)
+                lines += [""] + part
+            if "b" in sections:
+                part, _ = contended(env, args)
+                lines += [""] + part
+            if args.profile:
+                for kind in ("redlock3", "lock1"):
+                    lines += [""] + profile(env, kind, 1.0 if args.quick else 3.0)
+        finally:
+            override.disable()
+        if "c" in sections:
+            if db_url:
+                from django.core.management import call_command
+
+                support.progress(f"migrating {db_url.rsplit('@', 1)[-1]}")
+                call_command("migrate", verbosity=0, interactive=False)
+            elif not args.no_flash:
+                args.no_flash = True
+                lines += ["", f"(c2. flash sale skipped: {no_db})"]
+            lines += [""] + cluster_part(env, args)
+        env.close()
+    lines += [
+        "",
+        f"Load average (1/5/15 min) at start {load_before}, at end {load_average()} "
+        f"({os.cpu_count()} CPUs, shared machine): compare within a run, not across runs.",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(main(sys.argv[1:]))

@@ -1,0 +1,530 @@
+"""One Redis server (or a Redis Cluster): locks and semaphores as Lua scripts.
+
+Each operation is a build (script, keys, argv), an execute and a parse; only
+the execute step talks to Redis, and it is the one place where redis-py's
+transport errors become :class:`~stock_locks.exceptions.RedisUnavailable`. An
+asyncio backend reuses the builds and the parses.
+
+The client comes from, in order: an explicit ``client``; the ``LOCATION`` URL
+(``OPTIONS["CLUSTER"]``: a ``RedisCluster``, and ``LOCATION`` may then be a list
+of node URLs, any reachable one of which is enough to find the others); the
+django-redis cache alias ``OPTIONS["CACHE_ALIAS"]``, else
+``STOCK_LOCKS["REDIS_ALIAS"]``. On a Redis Cluster every script's keys share one
+hash slot, the held-locks index is one key per slot, and batches (watchdog
+renewals) run per node; calls made on a node's own connection read the slot
+map again when the node answers that it no longer serves the slot, or cannot be
+reached (``stock_locks.connection``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ImproperlyConfigured
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ReadOnlyError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .. import scripts
+from ..conf import settings
+from ..connection import (
+    CLUSTER_UNAVAILABLE_ERRORS,
+    NODE_ERRORS,
+    is_cluster,
+    on_node,
+    refresh_slot_map,
+    stale_route,
+)
+from ..exceptions import LockError, LockNotOwned, LockNotReplicated, RedisUnavailable
+from ..holder import LockInfo, process_identity, thread_name
+from ..keys import LockKeys, SemaphoreKeys, lock_keys, semaphore_keys
+from ..lease import Attempt
+from ..roundtrip import bounded_call
+from ..wakeup import wait_for_signal
+from .base import (
+    FENCED,
+    FORCE_RELEASE,
+    HOLDER_METADATA,
+    LEASED,
+    SEMAPHORES,
+    SERVER_CLOCK,
+    WAKE_UP,
+    Backend,
+)
+
+if TYPE_CHECKING:
+    from redis.commands.core import Script
+
+# Errors after which a call may or may not have run on the server; ReadOnlyError:
+# the node became a replica in a failover (the client's next call finds the new master).
+# On a cluster, also the answers of one changing hands (CLUSTERDOWN, redirects that did
+# not settle, no node for a slot yet): nothing ran, and a later call may succeed.
+TRANSPORT_ERRORS: tuple[type[Exception], ...] = (
+    RedisConnectionError, RedisTimeoutError, ReadOnlyError, *CLUSTER_UNAVAILABLE_ERRORS,
+)  # fmt: skip
+
+# lock_release.lua's replies; lock_extend.lua's reply when max_hold cut the lease.
+NOT_OWNED, RELEASED, STILL_HELD = 0, 1, 2
+CAPPED = 2
+# lock_acquire.lua's replies besides a grant (1) and a refusal (0).
+_REENTRY_LOST, _GIVEN_BACK = 2, 3
+# The semaphore scripts' replies.
+_SEM_GRANTED, _SEM_GIVEN_BACK = 1, 2
+# How many released tokens a lock name remembers, so that a repeated release
+# (its first reply lost) still finds its own after this many more releases.
+RELEASED_KEPT = 8
+
+
+def run_batch(client: Any, calls: Sequence[tuple[Any, Sequence, Sequence]]) -> list:
+    """``scripts.run_batch`` on one server; on a Redis Cluster (whose pipelines
+    refuse EVALSHA) one such batch per node, on that node's own connection.
+    Replies in the order of ``calls``; a call that failed inside Redis gives its
+    exception object.
+
+    On a cluster, calls a node answered with a redirect (its slot moved: a
+    failover, a reshard; they did not run) are grouped again by a freshly read
+    slot map and sent once more; when they are still misrouted, that error is
+    raised. A node that cannot be reached refreshes the slot map too, and its
+    transport error is raised once every other node's batch has run (so one dead
+    node does not hold up the others' calls). Every call must be safe to repeat.
+    """
+    if not is_cluster(client):
+        return scripts.run_batch(client, calls)
+    replies: list = [None] * len(calls)
+    pending = list(range(len(calls)))
+    for attempt in range(2):
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        for index in pending:
+            node = client.get_node_from_key(calls[index][1][0])
+            by_node.setdefault(node.name, (node, []))[1].append(index)
+        failure: BaseException | None = None
+        for node, indexes in by_node.values():
+            batch = [calls[i] for i in indexes]
+            try:
+                results = scripts.run_batch(client.get_redis_connection(node), batch)
+            except NODE_ERRORS as exc:
+                failure = failure or exc
+                continue
+            for index, reply in zip(indexes, results, strict=True):
+                replies[index] = reply
+        misrouted = [i for i in pending if stale_route(replies[i])]
+        if failure is not None or misrouted:
+            refresh_slot_map(client)
+        if failure is not None:
+            raise failure
+        if not misrouted:
+            break
+        if attempt:
+            raise replies[misrouted[0]]
+        pending = misrouted
+    return replies
+
+
+# -- builds and parses, shared with the asyncio backend ---------------------------------
+
+
+def holder_argv(caller: str, watchdog: bool) -> tuple:
+    """The fixed tail of ``lock_acquire.lua``'s ARGV: host, pid, caller, watchdog."""
+    host, pid = process_identity()
+    return (host, pid, caller, int(watchdog))
+
+
+def acquire_argv(token: str, ttl_ms: int, depth: int, holder: tuple, waited: bool) -> tuple:
+    """ARGV of ``lock_acquire.lua``; ``holder`` comes from :func:`holder_argv`."""
+    retention_ms = max(1, int(settings.FENCE_RETENTION * 1000))
+    return (token, ttl_ms, depth, thread_name(), *holder, int(waited), retention_ms)
+
+
+def release_argv(token: str, depth: int, ttl_ms: int, mode: str = "release") -> tuple:
+    """ARGV of ``lock_release.lua``: released tokens are remembered for ``ttl_ms``
+    (the lock's lease); ``mode`` is release, abandon or force."""
+    wake_ms = int(settings.WAKE_SIGNAL_TTL * 1000)
+    return (token, depth, wake_ms, ttl_ms, RELEASED_KEPT, mode)
+
+
+def acquire_keys(keys: LockKeys) -> tuple[str, ...]:
+    return (keys.lock, keys.fence, keys.holder, keys.index, keys.released)
+
+
+def release_keys(keys: LockKeys) -> tuple[str, ...]:
+    return (keys.lock, keys.holder, keys.signal, keys.released, keys.index)
+
+
+def extend_keys(keys: LockKeys) -> tuple[str, ...]:
+    return (keys.lock, keys.holder, keys.index)
+
+
+def lock_attempt(name: str, reply: Sequence) -> Attempt:
+    """An :class:`Attempt` from ``lock_acquire.lua``'s reply.
+
+    Raises :class:`LockNotOwned` for a re-entry whose token no longer holds the
+    lock, :class:`LockError` for a token already given back.
+    """
+    if reply[0] == 1:
+        return Attempt(True, fence=int(reply[1]), count=int(reply[2]))
+    if reply[0] == _REENTRY_LOST:
+        raise LockNotOwned(
+            f"cannot re-enter {name!r}: this owner's token no longer holds it "
+            "(its lease ran out or it was force-released)",
+            name=name,
+        )
+    if reply[0] == _GIVEN_BACK:
+        raise LockError(f"lock {name!r}: this try's token was already given back", name=name)
+    pttl = int(reply[1])
+    # The holder's lease bounds the wait; -1 (no expiry): unknown.
+    return Attempt(False, wait=(pttl + 1) / 1000 if pttl > 0 else None)
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def lock_info(name: str, reply: list, backend: str = "default") -> LockInfo | None:
+    """A :class:`LockInfo` from ``lock_inspect.lua``'s reply (None: free)."""
+    if not reply:
+        return None
+    token, pttl, _, _, flat = reply
+    holder = {_text(k): _text(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
+
+    def number(field: str) -> int | None:
+        value = holder.get(field)
+        return int(value) if value and value.lstrip("-").isdigit() else None
+
+    acquired_ms, ttl_ms = number("acquired_at"), number("ttl")
+    return LockInfo(
+        name=name,
+        token=_text(token),
+        fence=number("fence"),
+        count=number("count") or 1,
+        remaining=None if int(pttl) < 0 else int(pttl) / 1000,
+        ttl=None if ttl_ms is None else ttl_ms / 1000,
+        acquired_at=(
+            None
+            if acquired_ms is None
+            else dt.datetime.fromtimestamp(acquired_ms / 1000, tz=dt.UTC)
+        ),
+        host=holder.get("host"),
+        pid=holder.get("pid"),
+        thread=holder.get("thread"),
+        caller=holder.get("caller"),
+        watchdog=holder.get("watchdog") == "1",
+        backend=backend,
+    )
+
+
+def _force_argv(info: LockInfo) -> tuple:
+    lifetime_ms = max(1, int((info.ttl or settings.LOCK_TTL) * 1000))
+    return release_argv(info.token, 1, lifetime_ms, "force")
+
+
+def gone_key(keys: SemaphoreKeys) -> str:
+    """The zset of given-back semaphore holder ids (id -> until when it is remembered, ms)."""
+    return f"{keys.holders}:gone"
+
+
+def semaphore_script_keys(keys: SemaphoreKeys, fair: bool) -> tuple[str, ...]:
+    """KEYS of the acquire and release scripts of a plain or fair semaphore."""
+    if fair:
+        return (
+            keys.holders, keys.meta, keys.queue, keys.alive, keys.ticket, keys.wake_prefix,
+            gone_key(keys),
+        )  # fmt: skip
+    return (keys.holders, keys.meta, gone_key(keys))
+
+
+def semaphore_attempt(name: str, reply: Sequence, fair: bool) -> Attempt:
+    if reply[0] == _SEM_GIVEN_BACK:
+        raise LockError(
+            f"semaphore {name!r}: this holder id was given back; acquire again", name=name
+        )
+    if reply[0] == _SEM_GRANTED:
+        return Attempt(True)
+    ticket = (int(reply[3]) or None) if fair else None
+    return Attempt(False, wait=int(reply[1]) / 1000, ticket=ticket)
+
+
+def grace_ms() -> int:
+    return int(settings.FAIR_QUEUE_GRACE * 1000)
+
+
+# -- the backend -----------------------------------------------------------------------
+
+
+class RedisBackend(Backend):
+    """Locks and semaphores on one Redis server or one Redis Cluster."""
+
+    capabilities = frozenset(
+        {FENCED, LEASED, SERVER_CLOCK, WAKE_UP, HOLDER_METADATA, SEMAPHORES, FORCE_RELEASE}
+    )
+
+    def __init__(
+        self,
+        alias: str = "default",
+        *,
+        location: str | Sequence[str] | None = None,
+        options: dict[str, Any] | None = None,
+        client: Any = None,
+    ) -> None:
+        super().__init__(alias)
+        self.options = dict(options or {})
+        self.location = location
+        self._client = client
+        self._owns_client = False
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client (``Redis`` or ``RedisCluster``), made on first use."""
+        if self._client is None:
+            self._client = self._make_client()
+        return self._client
+
+    def _make_client(self) -> Any:
+        if self.location:
+            kwargs = {
+                key.lower(): value
+                for key, value in self.options.items()
+                if key not in ("CLUSTER", "CACHE_ALIAS", "REPLICAS")
+            }
+            kwargs.setdefault("socket_timeout", 5.0)
+            kwargs.setdefault("socket_connect_timeout", 5.0)
+            self._owns_client = True
+            if self.options.get("CLUSTER"):
+                return _cluster_client(self.location, kwargs)
+            if not isinstance(self.location, str):
+                raise ImproperlyConfigured(
+                    f"stock_locks backend {self.alias!r}: LOCATION is one redis:// URL "
+                    '(a list of node URLs only with OPTIONS["CLUSTER"])'
+                )
+            import redis
+
+            return redis.Redis.from_url(self.location, **kwargs)
+        from django_redis import get_redis_connection
+
+        return get_redis_connection(self.options.get("CACHE_ALIAS") or settings.REDIS_ALIAS)
+
+    @property
+    def cluster(self) -> bool:
+        return is_cluster(self.client)
+
+    def close(self) -> None:
+        if self._owns_client and self._client is not None:
+            self._client.close()
+        self._client = None
+
+    def execute(self, call: Any) -> Any:
+        try:
+            return getattr(self, call.verb)(*call.args, bounded=call.bounded)
+        except TRANSPORT_ERRORS as exc:
+            raise RedisUnavailable(
+                f"Redis unavailable (backend {self.alias!r}): {exc}", backend=self.alias
+            ) from exc
+
+    def _eval(self, script: Script, keys: Sequence[str], argv: Sequence, bounded: bool) -> Any:
+        if bounded:
+            return bounded_call(self.client, script, keys, argv)
+        return script(keys, argv, client=self.client)
+
+    # -- locks -------------------------------------------------------------------------
+
+    def lock_keys(self, name: str) -> LockKeys:
+        return lock_keys(name, cluster=self.cluster)
+
+    def lock_try(
+        self, lock: Any, token: str, depth: int, waited: bool, *, bounded: bool = False
+    ) -> Attempt:
+        argv = acquire_argv(
+            token, lock._ttl_ms, depth, holder_argv(lock.caller, lock.watchdog), waited
+        )
+        replicas = self.options.get("REPLICAS", settings.REPLICAS)
+        if replicas and not bounded:
+            reply = self._acquire_replicated(lock, token, argv, replicas)
+        else:
+            reply = self._eval(scripts.LOCK_ACQUIRE, acquire_keys(lock.keys), argv, bounded)
+        return lock_attempt(lock.name, reply)
+
+    def _acquire_replicated(self, lock: Any, token: str, argv: tuple, replicas: int) -> list:
+        # WAIT counts the replicas that have this connection's writes, so the
+        # script and WAIT share one pipeline (one connection, one round trip).
+        wait_ms = max(1, int(settings.REPLICA_TIMEOUT * 1000))
+        keys = acquire_keys(lock.keys)
+
+        def grant_and_wait(node: Any) -> tuple[list, Any]:
+            for _ in range(2):
+                pipe = node.pipeline(transaction=False)
+                pipe.evalsha(scripts.LOCK_ACQUIRE.sha, len(keys), *keys, *argv)
+                pipe.execute_command("WAIT", replicas, wait_ms)
+                reply, confirmed = pipe.execute(raise_on_error=False)
+                if not isinstance(reply, NoScriptError):
+                    break
+                node.script_load(scripts.LOCK_ACQUIRE.script)
+            if isinstance(reply, Exception):
+                raise reply  # (a redirect: on_node sends it again on a fresh slot map)
+            return reply, confirmed
+
+        # On a cluster WAIT must run on the connection of the key's own master.
+        reply, confirmed = on_node(self.client, keys[0], grant_and_wait)
+        confirmed = 0 if isinstance(confirmed, Exception) else int(confirmed)
+        if reply[0] == 1 and int(reply[2]) == 1 and confirmed < replicas:
+            self.lock_release(lock, token, 1, "abandon")
+            raise LockNotReplicated(
+                f"lock {lock.name!r}: {confirmed} of {replicas} replicas confirmed the grant "
+                f"within {settings.REPLICA_TIMEOUT}s; grant undone",
+                name=lock.name,
+                required=replicas,
+                confirmed=confirmed,
+            )
+        return reply
+
+    def lock_release(
+        self, lock: Any, token: str, depth: int, mode: str = "release", *, bounded: bool = False
+    ) -> int:
+        argv = release_argv(token, depth, lock._ttl_ms, mode)
+        return self._eval(scripts.LOCK_RELEASE, release_keys(lock.keys), argv, bounded)
+
+    def lock_extend(
+        self, lock: Any, token: str, ttl_ms: int, max_hold_ms: int = 0, *, bounded: bool = False
+    ) -> int:
+        argv = (token, ttl_ms, max_hold_ms)
+        return self._eval(scripts.LOCK_EXTEND, extend_keys(lock.keys), argv, bounded)
+
+    def lock_wait(self, lock: Any, seconds: float, *, bounded: bool = False) -> bool:
+        return wait_for_signal(self.client, lock.keys.signal, seconds)
+
+    def lock_inspect(self, name: str, keys: LockKeys, *, bounded: bool = False) -> LockInfo | None:
+        reply = self._eval(scripts.LOCK_INSPECT, (keys.lock, keys.holder), (), bounded)
+        return lock_info(name, reply, self.alias)
+
+    def lock_token(self, keys: LockKeys, *, bounded: bool = False) -> str | None:
+        """The token holding the lock now, or None."""
+        return _text(self.client.get(keys.lock))
+
+    def force_release(self, info: LockInfo, keys: LockKeys, *, bounded: bool = False) -> int:
+        """Release the hold of ``info.token`` as an operator (remembered as forced)."""
+        return self._eval(scripts.LOCK_RELEASE, release_keys(keys), _force_argv(info), bounded)
+
+    def held_lock_names(self, *, bounded: bool = False) -> list[str]:
+        """Names of the locks the held-locks index lists (every slot's, on a cluster)."""
+        from ..dashboard import held_lock_names
+
+        return held_lock_names(self.client)
+
+    def inspect_many(
+        self, chunk: Sequence[tuple[str, LockKeys]], *, bounded: bool = False
+    ) -> list[LockInfo | None]:
+        """The holders of many locks, (name, keys) pairs, in one round trip per node."""
+        reads = [(scripts.LOCK_INSPECT, (keys.lock, keys.holder), ()) for _, keys in chunk]
+        infos = []
+        for (name, _), reply in zip(chunk, run_batch(self.client, reads), strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            infos.append(lock_info(name, reply, self.alias))
+        return infos
+
+    def force_release_many(
+        self, matches: Sequence[tuple[LockKeys, LockInfo]], *, bounded: bool = False
+    ) -> list[int]:
+        """:meth:`force_release` of many (keys, holder) pairs, one round trip per node."""
+        calls = [
+            (scripts.LOCK_RELEASE, release_keys(keys), _force_argv(info)) for keys, info in matches
+        ]
+        results = run_batch(self.client, calls)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return results
+
+    def renew_many(self, renewals: Sequence[Any], *, bounded: bool = False) -> list:
+        """Extend many leases in one round trip (one per node on a cluster). Each renewal
+        has ``keys``, ``token``, ``ttl_ms`` and ``max_hold_ms``; replies in order (an
+        exception object for a call that failed inside Redis)."""
+        calls = [
+            (scripts.LOCK_EXTEND, extend_keys(r.keys), (r.token, r.ttl_ms, r.max_hold_ms))
+            for r in renewals
+        ]
+        return run_batch(self.client, calls)
+
+    # -- semaphores ----------------------------------------------------------------------
+
+    def semaphore_keys(self, name: str) -> SemaphoreKeys:
+        return semaphore_keys(name)
+
+    def semaphore_try(self, sem: Any, patience_ms: int, *, bounded: bool = False) -> Attempt:
+        host, pid = process_identity()
+        holder = (host, pid, thread_name(), sem.caller)
+        argv: tuple
+        if sem.fair:
+            argv = (sem.id, sem.limit, sem._ttl_ms, patience_ms, grace_ms(), *holder)
+            script = scripts.FAIR_ACQUIRE
+        else:
+            argv = (sem.id, sem.limit, sem._ttl_ms, patience_ms, *holder)
+            script = scripts.SEM_ACQUIRE
+        reply = self._eval(script, semaphore_script_keys(sem.keys, sem.fair), argv, bounded)
+        return semaphore_attempt(sem.name, reply, sem.fair)
+
+    def semaphore_release(self, sem: Any, abandon: bool = False, *, bounded: bool = False) -> int:
+        mode = "abandon" if abandon else "release"
+        if sem.fair:
+            argv = (sem.id, sem.limit, grace_ms(), sem._lease_ms, mode)
+            script = scripts.FAIR_RELEASE
+            keys = semaphore_script_keys(sem.keys, True)
+        else:
+            wake_ms = int(settings.WAKE_SIGNAL_TTL * 1000)
+            argv = (sem.id, sem.limit, wake_ms, sem._lease_ms, mode)
+            script = scripts.SEM_RELEASE
+            keys = (sem.keys.holders, sem.keys.meta, sem.keys.signal, gone_key(sem.keys))
+        return self._eval(script, keys, argv, bounded)
+
+    def semaphore_refresh(self, sem: Any, ttl_ms: int, *, bounded: bool = False) -> int:
+        k = sem.keys
+        keys = (k.holders, k.meta, k.queue, k.alive, k.ticket) if sem.fair else (k.holders, k.meta)
+        return self._eval(scripts.SEM_REFRESH, keys, (sem.id, ttl_ms), bounded)
+
+    def semaphore_wait(self, sem: Any, seconds: float, *, bounded: bool = False) -> bool:
+        key = sem.keys.wake_prefix + sem.id if sem.fair else sem.keys.signal
+        return wait_for_signal(self.client, key, seconds)
+
+    def semaphore_state(self, keys: SemaphoreKeys, *, bounded: bool = False) -> list:
+        """``sem_state.lua``'s reply: [now ms, limit, waiting, flat holders]."""
+        return self._eval(scripts.SEM_STATE, (keys.holders, keys.meta, keys.queue), (), bounded)
+
+    def semaphore_evict(
+        self, keys: SemaphoreKeys, holder_id: str, limit: int, *, bounded: bool = False
+    ) -> int:
+        """Take ``holder_id``'s permit (an operator's action): 1 when it held a live one."""
+        client = self.client
+        if client.exists(keys.queue, keys.ticket):  # a fair semaphore with waiters
+            fair_keys = semaphore_script_keys(keys, True)[:6]
+            return scripts.FAIR_RELEASE(fair_keys, (holder_id, limit, grace_ms()), client=client)
+        argv = (holder_id, limit, int(settings.WAKE_SIGNAL_TTL * 1000))
+        return scripts.SEM_RELEASE((keys.holders, keys.meta, keys.signal), argv, client=client)
+
+
+def _cluster_client(location: str | Sequence[str], kwargs: dict[str, Any]) -> Any:
+    """A ``RedisCluster`` seeded with the node URL(s) of ``location``: it asks them in
+    turn for the cluster's nodes, so one reachable node among them is enough (a list
+    lets a process start while one of them is down)."""
+    from urllib.parse import urlsplit
+
+    from redis.cluster import ClusterNode, RedisCluster
+
+    urls = [location] if isinstance(location, str) else list(location)
+    if not urls:
+        raise ImproperlyConfigured("a Redis Cluster LOCATION needs at least one node URL")
+    others = [urlsplit(url) for url in urls[1:]]
+    seeds = [ClusterNode(url.hostname or "localhost", url.port or 6379) for url in others]
+    return RedisCluster.from_url(urls[0], startup_nodes=seeds, **kwargs)
+
+
+def backend_for_client(client: Any) -> RedisBackend:
+    """The :class:`RedisBackend` around an explicit redis-py client (``redis=``
+    arguments): one per client, kept on the client, so that the watchdog batches
+    the renewals of every lock on that client together."""
+    backend = getattr(client, "_stock_locks_backend", None)
+    if backend is None:
+        backend = RedisBackend("(client)", client=client)
+        with contextlib.suppress(AttributeError):  # (__slots__: one backend per call)
+            client._stock_locks_backend = backend
+    return backend

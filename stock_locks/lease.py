@@ -1,0 +1,175 @@
+"""The lease algorithms, written once and without I/O, and the driver that runs them.
+
+Every primitive with a lease (:class:`~stock_locks.locks.Lock`,
+:class:`~stock_locks.semaphores.Semaphore`, :class:`FairSemaphore`, on any
+backend) acquires, releases and extends through the generators here. A
+generator yields :class:`Call` objects (what to ask the backend) and receives
+their results; it decides everything else: the deadline, bounding each wait by
+the holder's lease, when to give a grant back, when to repeat a call whose
+reply was lost. :func:`run` is the synchronous driver (the only place that
+performs the calls, and the one seam where timing and metrics belong); an
+asyncio driver runs the same generators with ``await``.
+
+The failure rules, in one place:
+
+- A backend error means the outcome is unknown (the request may have run):
+  backends raise :class:`~stock_locks.exceptions.BackendUnavailable` for it.
+- Every call is safe to repeat. A release or extend whose reply was lost is
+  repeated once, bounded (:func:`repeatable`).
+- An acquire that ends with any exception other than a backend's answer
+  (:class:`~stock_locks.exceptions.LockError`: nothing is held then) gives back
+  what it may have been granted, bounded, before the exception propagates.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from .exceptions import BackendUnavailable, LockError
+
+T = TypeVar("T")
+log = logging.getLogger("stock_locks.lease")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One backend operation: ``backend.<verb>(*args, bounded=bounded)``.
+
+    ``bounded``: a clean-up or repeat, run on a connection of its own whose
+    every step has a short bound, so that it cannot hang the caller.
+    """
+
+    verb: str
+    args: tuple
+    bounded: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """A backend's answer to one try.
+
+    ``wait``: when refused, the longest the caller must sleep before a try could
+    succeed without a wake-up (the holder's lease end), seconds; None when
+    unknown. ``fence``/``count``: a lock grant's fencing token and reentrant
+    depth. ``ticket``: a fair semaphore's place in the queue.
+    """
+
+    granted: bool
+    wait: float | None = None
+    fence: int | None = None
+    count: int = 0
+    ticket: int | None = None
+
+
+Steps = Generator[Call, Any, T]
+
+
+def bounded(call: Call) -> Call:
+    return replace(call, bounded=True)
+
+
+def acquire(
+    try_call: Callable[[float, bool], Call],
+    wait_call: Callable[[float], Call],
+    *,
+    blocking: bool,
+    timeout: float | None,
+    default_wait: float,
+    give_back: Call | None,
+    what: str,
+    on_refused: Callable[[Attempt], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Steps[Attempt | None]:
+    """Try until granted; the granting :class:`Attempt`, or None when not granted in time.
+
+    ``try_call(patience, waited)`` builds one try: ``patience`` is how long the
+    caller will sleep after a refusal (0: this is its last try; ``math.inf``: no
+    bound), ``waited`` whether it slept before this try. A refused caller sleeps
+    (``wait_call(seconds)``) until a wake-up or the holder's lease end
+    (``Attempt.wait``, else ``default_wait``), never past ``timeout``.
+    ``blocking=False`` or ``timeout=0``: one try. ``timeout=None``: no deadline.
+
+    Any exception but a :class:`LockError` (the backend's own answer) first
+    gives back what this acquire may hold (``give_back``, bounded; None: nothing
+    to give back, e.g. a reentrant re-entry), then propagates. ``on_refused``
+    sees every refusal (a fair semaphore follows its ticket).
+    """
+    deadline = clock() + timeout if blocking and timeout else None
+    waited = False
+    try:
+        while True:
+            if not blocking or timeout == 0:
+                patience = 0.0
+            elif deadline is None:
+                patience = math.inf
+            else:
+                patience = max(0.0, deadline - clock())
+            attempt: Attempt = yield try_call(patience, waited)
+            if attempt.granted:
+                return attempt
+            if on_refused is not None:
+                on_refused(attempt)
+            if not patience:
+                return None
+            wait = default_wait if attempt.wait is None else attempt.wait
+            if deadline is not None:
+                remaining = deadline - clock()
+                if remaining <= 0:
+                    continue  # a last try without patience (a fair waiter leaves its queue)
+                wait = min(wait, remaining)
+            yield wait_call(wait)
+            waited = True
+    except (LockError, GeneratorExit):
+        raise  # the backend answered (nothing is held), or the generator is being closed
+    except BaseException:
+        if give_back is not None:
+            outcome = yield from give_back_once(give_back)
+            if outcome is None:
+                log.warning(
+                    "%s: acquire failed and what it may hold could not be given back; "
+                    "if it was granted, it frees when its lease runs out",
+                    what,
+                )
+        raise
+
+
+def repeatable(call: Call) -> Steps[Any]:
+    """``call``'s result; after a lost reply (:class:`BackendUnavailable`), one bounded
+    repeat's. When the repeat fails too, the first error propagates."""
+    try:
+        return (yield call)
+    except BackendUnavailable as error:
+        try:
+            return (yield bounded(call))
+        except BackendUnavailable:
+            raise error from None
+
+
+def give_back_once(call: Call) -> Steps[Any]:
+    """``call`` run once, bounded, after an interruption; its result, or None when it
+    failed too (whatever it raised is swallowed: the interruption is what propagates)."""
+    try:
+        return (yield bounded(call))
+    except BaseException:
+        return None
+
+
+def run(steps: Steps[T], execute: Callable[[Call], Any]) -> T:
+    """Drive ``steps`` synchronously: each yielded :class:`Call` goes to ``execute``,
+    its result (or exception) back into the generator; the generator's return value."""
+    send: Callable[[Any], Call] = steps.send
+    value: Any = None
+    while True:
+        try:
+            call = send(value)
+        except StopIteration as done:
+            return done.value
+        try:
+            value, send = execute(call), steps.send
+        except BaseException as exc:
+            value, send = exc, steps.throw

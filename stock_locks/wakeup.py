@@ -1,0 +1,145 @@
+"""Block on a wake-up signal list with a client-side deadline.
+
+Locks and semaphores sleep in ``BLPOP`` on a signal list that a release
+pushes to. Redis times out blocked clients only on its ``hz`` tick (every
+100 ms by default), so a plain ``BLPOP key t`` returns up to 100 ms after
+``t``: ``acquire(timeout=t)`` overshoots, and a waiter takes a dead holder's
+lock up to 100 ms after the lease ended.
+
+:func:`wait_for_signal` sends the ``BLPOP`` with a server timeout a little
+beyond the wanted wait and waits for the reply on the socket itself, with a
+deadline on ``time.monotonic()``. When the deadline passes first, the
+connection is dropped (its ``BLPOP`` is still pending on the server, which
+frees it as soon as it sees the close) instead of being returned to the pool.
+A dropped connection costs a reconnect on its next use, which only the end of
+a wait pays, never a wake-up.
+
+A timeline of the one race left: the server pops the signal and writes the
+reply after the last look at the socket, just before the close. That signal is
+lost to everyone, but the caller was about to try again anyway (a lock or
+semaphore retries after every wait), so the wake-up it carried is used.
+
+On a Redis Cluster the ``BLPOP`` goes to the node that serves the key, on that
+node's own connection, so redis-py's redirects do not apply. A node that does
+not serve the key's slot (MOVED: a failover or a reshard moved it), a cluster
+that is down for a moment, or a node that became a replica while the caller was
+blocked on it (``UNBLOCKED``) pops nothing: the slot map is read again and the
+wait ends as a wake-up, so the caller tries again at once, through the cluster
+client, and waits next on the node the fresh map names.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from .connection import NODE_ERRORS, STALE_ROUTE_ERRORS, blocking_cap, refresh_slot_map
+from .roundtrip import pool_for
+
+# How much later than the wanted wait the server's own BLPOP timeout is. The
+# client-side deadline always comes first; the server timeout only frees the
+# server's side if the client vanished without closing (a frozen host).
+SERVER_MARGIN = 1.0  # seconds
+# Redis reads a BLPOP timeout of 0 as "block forever": never send less.
+MIN_WAIT = 0.001  # seconds
+# The error a blocked client gets when its server stops being a master (a failover).
+UNBLOCKED = "UNBLOCKED"
+
+
+def wait_for_signal(client: Any, key: str, seconds: float) -> bool:
+    """Pop one element of the list ``key``, waiting at most ``seconds``.
+
+    Returns True when an element was popped (a release woke this caller), False
+    when ``seconds`` passed first. The wait ends within about a millisecond of
+    the deadline (plus scheduling), not on the server's next ``hz`` tick. It
+    does not depend on the client's socket timeout, so a wait longer than that
+    timeout needs no slicing.
+
+    ``client`` is a redis-py ``Redis`` (or a ``RedisCluster``: the node that
+    owns ``key`` is used). A client without a connection pool (e.g. a custom
+    wrapper) falls back to a plain ``BLPOP`` in slices under its socket
+    timeout, with Redis's own timing.
+
+    Raises redis-py's ``ConnectionError``/``TimeoutError`` when Redis cannot be
+    reached (on a cluster, after reading the slot map again). Any exception
+    (KeyboardInterrupt included) drops the connection rather than put it back
+    into the pool with a ``BLPOP`` still pending. On a cluster, a node that no
+    longer serves the key (MOVED, CLUSTERDOWN, TRYAGAIN) makes it read the slot
+    map again and wait on the node the fresh map names; when that node answers
+    the same, or the wait was cut because its node stopped being a master
+    (``UNBLOCKED``), it returns True having popped nothing: the caller looks again.
+    """
+    seconds = max(float(seconds), MIN_WAIT)
+    pool = pool_for(client, key)
+    if pool is None:
+        return _plain_blpop(client, key, seconds)
+    deadline = time.monotonic() + seconds
+    for attempt in range(2):
+        try:
+            return _blpop(pool, key, max(deadline - time.monotonic(), MIN_WAIT))
+        except NODE_ERRORS:
+            refresh_slot_map(client)
+            raise
+        except ResponseError as exc:
+            unblocked = str(exc).startswith(UNBLOCKED)
+            if not unblocked and not isinstance(exc, STALE_ROUTE_ERRORS):
+                raise
+            refresh_slot_map(client)
+            if unblocked or attempt:
+                return True  # cut by a failover: the holder may have changed, look again
+        # Sent to a node that no longer serves the key (a stale slot map): once more,
+        # to the node the fresh map names, for what is left of the wait.
+        if deadline <= time.monotonic():
+            return False
+        pool = pool_for(client, key)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _blpop(pool: Any, key: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    server_timeout = f"{seconds + SERVER_MARGIN:.3f}"
+    for attempt in range(2):
+        connection = pool.get_connection()
+        try:
+            try:
+                connection.send_command("BLPOP", key, server_timeout)
+            except RedisConnectionError:
+                # A pooled connection the server closed meanwhile: one fresh try.
+                connection.disconnect()
+                if attempt:
+                    raise
+                continue
+            return _await_reply(connection, deadline)
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _await_reply(connection: Any, deadline: float) -> bool:
+    """The BLPOP reply if it comes before ``deadline``; else drop the connection."""
+    while True:
+        remaining = deadline - time.monotonic()
+        # can_read(0) is a non-blocking look: a reply already there is never dropped.
+        if connection.can_read(max(remaining, 0.0)):
+            return connection.read_response() is not None
+        if remaining <= 0:
+            connection.disconnect()
+            return False
+
+
+def _plain_blpop(client: Any, key: str, seconds: float) -> bool:
+    cap = blocking_cap(client)
+    deadline = time.monotonic() + seconds
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        slice_ = remaining if cap is None else min(remaining, cap * 0.8)
+        if client.blpop([key], timeout=max(slice_, MIN_WAIT)):
+            return True

@@ -1,0 +1,64 @@
+"""The fault suite: real servers and processes killed, paused or cut.
+
+Every test here is marked ``faults`` (by tests/conftest.py; run them alone
+with ``make test ARGS="-m faults"``) and counts what matters from the
+database afterwards: units oversold, stranded, moved twice.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.retry import Retry
+
+from tests.support.fault_proxy import FaultProxy
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[Callable[[int], FaultProxy]]:
+    """``fault_proxy(port)``: a started :class:`FaultProxy` to 127.0.0.1:port, closed after."""
+    proxies: list[FaultProxy] = []
+
+    def start(port: int) -> FaultProxy:
+        proxy = FaultProxy(port).start()
+        proxies.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in proxies:
+        proxy.close()
+
+
+@pytest.fixture
+def redis_through_proxy(redis_server, fault_proxy) -> Iterator[Callable[[int], FaultProxy]]:
+    """``redis_through_proxy(retries)``: stock_locks talks to the suite's redis-server
+    through a FaultProxy; its client retries ``retries`` times on a broken connection."""
+    contexts = []
+
+    def start(retries: int) -> FaultProxy:
+        proxy = fault_proxy(redis_server.port)
+        caches = copy.deepcopy(settings.CACHES)
+        ours = caches["stock_locks"]
+        ours["LOCATION"] = proxy.url
+        if retries:
+            ours["OPTIONS"] = {
+                **ours.get("OPTIONS", {}),
+                "CONNECTION_POOL_KWARGS": {
+                    "retry": Retry(NoBackoff(), retries),
+                    "retry_on_error": [RedisConnectionError],
+                },
+            }
+        context = override_settings(CACHES=caches)
+        context.__enter__()
+        contexts.append(context)
+        return proxy
+
+    yield start
+    while contexts:
+        contexts.pop().__exit__(None, None, None)

@@ -1,0 +1,381 @@
+"""Locks when things go wrong: lost leases, shared objects, interrupted calls, lost
+replies, a Redis restored from an older snapshot (issue 8).
+
+Every scenario runs against real redis-server processes, with the holders in
+their own OS processes or threads; leases end by writing state (PEXPIRE), not
+by sleeping; the network faults come from a TCP proxy in front of Redis; the
+verdict is read from Redis and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from stock_locks import Lock
+from stock_locks.exceptions import LockError, LockNotOwned, StaleFencingToken
+from stock_locks.fencing import fenced_update
+from tests.inventory.models import Item
+from tests.support.processes import event, start_process
+from tests.support.redis_stats import commandstats
+from tests.support.waiting import TIMEOUT, wait_until
+
+_spawn = multiprocessing.get_context("spawn")
+
+
+class Interrupted(BaseException):
+    """What a child's signal handler raises: not an Exception, like KeyboardInterrupt."""
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted
+
+
+def _item() -> Item:
+    return Item.objects.create(code="KETTLE", title="Kettle", on_hand=110)
+
+
+def _rows(pk: int):
+    return Item.objects.filter(pk=pk)
+
+
+# -- 1. re-entry after the lease ended ------------------------------------------------------
+
+
+def _reentrant_holder(report, lease_gone, other_wrote, item_pk: int) -> None:
+    """Child: a reentrant holder whose lease ends; later it re-enters and writes."""
+    lock = Lock("item:kettle", ttl=300, reentrant=True)
+    assert lock.acquire(timeout=0)
+    fence = lock.fence
+    report.put(("held", fence))
+    lease_gone.wait(TIMEOUT)
+    other_wrote.wait(TIMEOUT)
+    try:
+        lock.acquire()  # re-entry, as a nested call under the same lock would
+    except LockNotOwned:
+        report.put(("re-entry", "LockNotOwned"))
+    else:
+        report.put(("re-entry", f"granted fence {lock.fence}"))
+    try:
+        fenced_update(_rows(item_pk), lock.fence, on_hand=11)  # computed from a stale read
+    except StaleFencingToken:
+        report.put(("write", "refused"))
+    else:
+        report.put(("write", "accepted"))
+
+
+def _newer_holder(report, item_pk: int) -> None:
+    """Child: takes the lock after the first holder's lease ended, writes fenced."""
+    with Lock("item:kettle", ttl=300, timeout=0) as lock:
+        fenced_update(_rows(item_pk), lock.fence, on_hand=100)
+        report.put(("newer", lock.fence))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reentry_after_the_lease_ended_is_refused_and_its_stale_write_too(redis_client):
+    item = _item()
+    report, lease_gone, other_wrote = _spawn.Queue(), event(), event()
+    first = start_process(_reentrant_holder, report, lease_gone, other_wrote, item.pk)
+    try:
+        state, old_fence = report.get(timeout=TIMEOUT)
+        assert state == "held"
+        redis_client.pexpire("sl:lock:{item:kettle}", 1)  # the lease ends now
+        wait_until(lambda: not redis_client.exists("sl:lock:{item:kettle}"), what="lease end")
+        lease_gone.set()
+        second = start_process(_newer_holder, report, item.pk)
+        state, newer_fence = report.get(timeout=TIMEOUT)
+        assert state == "newer" and newer_fence > old_fence
+        second.join(TIMEOUT)
+        other_wrote.set()
+        assert report.get(timeout=TIMEOUT) == ("re-entry", "LockNotOwned")
+        assert report.get(timeout=TIMEOUT) == ("write", "refused")
+    finally:
+        lease_gone.set()
+        other_wrote.set()
+        first.join(TIMEOUT)
+    item.refresh_from_db()
+    assert (item.on_hand, item.fence) == (100, newer_fence)  # the newer write stands
+    assert not redis_client.exists("sl:lock:{item:kettle}")  # nothing resurrected
+
+
+# -- 2. one reentrant Lock object shared by threads -------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_threads_sharing_a_reentrant_lock_are_separate_owners(redis_client):
+    item = _item()
+    shared = Lock("item:kettle", ttl=300, reentrant=True)
+    a_held, a_lease_gone, b_wrote, a_done = (threading.Event() for _ in range(4))
+    seen: dict[str, Any] = {}
+
+    def thread_a() -> None:  # holds, loses its lease, then tries to write
+        shared.acquire(timeout=0)
+        seen["a_fence"] = shared.fence
+        a_held.set()
+        b_wrote.wait(TIMEOUT)
+        seen["a_owned"] = shared.owned()
+        try:
+            fenced_update(_rows(item.pk), shared.fence, on_hand=11)
+            seen["a_write"] = "accepted"
+        except StaleFencingToken:
+            seen["a_write"] = "refused"
+        a_done.set()
+
+    def thread_b() -> None:  # takes the lock once A's lease ended, writes, releases
+        a_lease_gone.wait(TIMEOUT)
+        with shared:
+            seen["b_fence"] = shared.fence
+            fenced_update(_rows(item.pk), shared.fence, on_hand=100)
+            b_wrote.set()
+            a_done.wait(TIMEOUT)
+            seen["b_owned"] = shared.owned()
+
+    def thread_c() -> None:  # holds nothing
+        try:
+            shared.release()
+        except LockError as error:
+            seen["c_release"] = type(error).__name__
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for thread in threads:
+        thread.start()
+    assert a_held.wait(TIMEOUT)
+    intruder = threading.Thread(target=thread_c)
+    intruder.start()
+    intruder.join(TIMEOUT)
+    assert redis_client.exists("sl:lock:{item:kettle}")  # A's hold not released by C
+    redis_client.pexpire("sl:lock:{item:kettle}", 1)  # A's lease ends
+    wait_until(lambda: not redis_client.exists("sl:lock:{item:kettle}"), what="lease end")
+    a_lease_gone.set()
+    for thread in threads:
+        thread.join(TIMEOUT)
+    assert seen["c_release"] == "LockError"
+    assert seen["b_fence"] > seen["a_fence"]
+    assert seen["a_owned"] is False and seen["b_owned"] is True
+    assert seen["a_write"] == "refused"
+    item.refresh_from_db()
+    assert (item.on_hand, item.fence) == (100, seen["b_fence"])
+    assert not redis_client.exists("sl:lock:{item:kettle}")
+
+
+# -- 3. acquire() or release() interrupted mid-round-trip ---------------------------------------
+
+
+class _HeldRequests(threading.Event):
+    """The proxy's flow switch, counting requests it holds back while stalled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set()
+        self.held = 0
+        self._count = threading.Lock()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self.is_set():
+            return True
+        with self._count:
+            self.held += 1
+        try:
+            return super().wait(timeout)
+        finally:
+            with self._count:
+                self.held -= 1
+
+
+def _proxy(fault_proxy, redis_server) -> tuple[Any, _HeldRequests]:
+    proxy = fault_proxy(redis_server.port)
+    held = _HeldRequests()
+    proxy._flowing = held  # each request waits on this switch before going upstream
+    return proxy, held
+
+
+def _load_scripts(client: redis.Redis) -> None:
+    """Run each script once, so no call through the proxy needs a SCRIPT LOAD."""
+    with Lock("warm-up", ttl=10, redis=client):
+        pass
+
+
+def _client_through(url: str) -> redis.Redis:
+    # No socket timeout: only the code under test may bound a wait on a stalled network.
+    return redis.Redis.from_url(url, socket_timeout=None)
+
+
+def _acquire_interrupted(url: str, report, go) -> None:
+    """Child: acquire while the network holds the request; a signal interrupts it."""
+    signal.signal(signal.SIGUSR1, _raise_interrupted)
+    client = _client_through(url)
+    client.ping()  # connected before the stall
+    lock = Lock("stalled", ttl=300, redis=client)
+    report.put("ready")
+    go.wait(TIMEOUT)
+    try:
+        granted = lock.acquire(timeout=TIMEOUT)
+    except Interrupted:
+        report.put("interrupted")
+    else:
+        report.put(f"not interrupted: {granted}")
+
+
+def test_an_acquire_interrupted_mid_round_trip_leaves_the_lock_free(
+    redis_server, redis_client, fault_proxy
+):
+    _load_scripts(redis_client)
+    proxy, held = _proxy(fault_proxy, redis_server)
+    report, go = _spawn.Queue(), event()
+    child = start_process(_acquire_interrupted, proxy.url, report, go)
+    try:
+        assert report.get(timeout=TIMEOUT) == "ready"
+        redis_client.config_resetstat()
+        proxy.stall()
+        go.set()
+        wait_until(lambda: held.held == 1, what="the acquire held up by the network")
+        os.kill(child.pid, signal.SIGUSR1)
+        # The call ends although the network is still stalled: its give-back is bounded.
+        assert report.get(timeout=TIMEOUT) == "interrupted"
+    finally:
+        proxy.resume()
+    child.join(TIMEOUT)
+    # Both requests reach Redis now, in either order: the try (granted if it lands
+    # first) and the give-back (which makes the try be refused if it lands later).
+    wait_until(
+        lambda: commandstats(redis_client).get("cmdstat_evalsha") == 2,
+        what="the late try and the give-back ran",
+    )
+    assert not redis_client.exists("sl:lock:{stalled}", "sl:lock:{stalled}:holder")
+    assert Lock("stalled", ttl=10, timeout=0).acquire()
+
+
+def _release_interrupted_then_again(url: str, report, go, again) -> None:
+    """Child: hold the lock; the release is held up and interrupted; release again."""
+    signal.signal(signal.SIGUSR1, _raise_interrupted)
+    lock = Lock("held", ttl=300, redis=_client_through(url))
+    assert lock.acquire(timeout=0)
+    report.put("held")
+    go.wait(TIMEOUT)
+    try:
+        lock.release()
+    except Interrupted:
+        report.put("interrupted")
+    else:
+        report.put("not interrupted")
+        return
+    again.wait(TIMEOUT)
+    try:
+        lock.release()
+    except LockError as error:
+        report.put(f"release failed: {error!r}")
+    else:
+        report.put("released")
+
+
+@pytest.mark.parametrize("network", ["delivers late", "loses the requests"])
+def test_a_release_interrupted_mid_round_trip_still_frees_the_lock(
+    network, redis_server, redis_client, fault_proxy
+):
+    _load_scripts(redis_client)
+    proxy, held = _proxy(fault_proxy, redis_server)
+    report, go, again = _spawn.Queue(), event(), event()
+    child = start_process(_release_interrupted_then_again, proxy.url, report, go, again)
+    try:
+        assert report.get(timeout=TIMEOUT) == "held"
+        proxy.stall()
+        go.set()
+        wait_until(lambda: held.held == 1, what="the release held up by the network")
+        os.kill(child.pid, signal.SIGUSR1)
+        assert report.get(timeout=TIMEOUT) == "interrupted"
+        if network == "loses the requests":
+            proxy.cut()  # the release and its bounded give-back never reach Redis
+    finally:
+        proxy.resume()
+    if network == "loses the requests":
+        assert redis_client.exists("sl:lock:{held}")  # still held: nothing arrived
+    # The interrupted call did not forget the hold, so it can be released again
+    # (after a late delivery, that repeat reports the release that happened).
+    again.set()
+    assert report.get(timeout=TIMEOUT) == "released"
+    child.join(TIMEOUT)
+    wait_until(lambda: not redis_client.exists("sl:lock:{held}"), what="the lock freed")
+    assert Lock("held", ttl=10, timeout=0).acquire()
+
+
+# -- 4. a release whose reply was lost ------------------------------------------------------------
+
+RETRIES = pytest.mark.parametrize("retries", [3, 0], ids=["redis-py retries", "no retries"])
+
+
+def _holder_through(proxy, retries: int) -> Lock:
+    client = redis.Redis(port=proxy.port, retry=Retry(NoBackoff(), retries))
+    lock = Lock("lost", ttl=300, redis=client)
+    assert lock.acquire(timeout=0)
+    return lock
+
+
+@RETRIES
+def test_a_release_whose_reply_was_lost_reports_success(
+    retries, redis_server, redis_client, fault_proxy
+):
+    _load_scripts(redis_client)
+    proxy = fault_proxy(redis_server.port)
+    lock = _holder_through(proxy, retries)
+    proxy.lose_reply(b"EVALSHA")
+    lock.release()  # it ran, its reply was lost; the repeat learns that it happened
+    assert proxy.lost == 1
+    assert not redis_client.exists("sl:lock:{lost}")
+    with pytest.raises(LockError):
+        lock.release()  # and the hold is gone on this side too
+
+
+@RETRIES
+def test_a_lost_lease_still_raises_when_the_reply_is_lost(
+    retries, redis_server, redis_client, fault_proxy
+):
+    _load_scripts(redis_client)
+    proxy = fault_proxy(redis_server.port)
+    lock = _holder_through(proxy, retries)
+    redis_client.set("sl:lock:{lost}", "intruder", px=300_000)  # another holder now
+    proxy.lose_reply(b"EVALSHA")
+    with pytest.raises(LockNotOwned):
+        lock.release()
+    assert proxy.lost == 1
+    assert redis_client.get("sl:lock:{lost}") == b"intruder"
+
+
+# -- 5. fences across a restore from an older snapshot ---------------------------------------------
+
+
+def _grant_fences(client: redis.Redis, names: list[str]) -> list[int]:
+    fences = []
+    for name in names:
+        with Lock(name, ttl=30, redis=client) as lock:
+            fences.append(lock.fence)
+    return fences
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fences_keep_rising_after_a_restore_from_an_older_snapshot(redis_factory):
+    server = redis_factory()
+    names = ["item:kettle", "item:tea", "order:1"] * 3
+    before = _grant_fences(server.client(), names)
+    snapshot = server.snapshot()  # the backup: its counters are the ones of `before`
+    after_backup = _grant_fences(server.client(), names)
+    item = _item()
+    fenced_update(_rows(item.pk), after_backup[-3], on_hand=50)  # newest "item:kettle"
+    server.restart(snapshot=snapshot)
+    assert server.client().exists("sl:lock:{item:kettle}:fence")  # restored, older
+    restored = _grant_fences(server.client(), names)
+    assert min(restored) > max(before + after_backup)
+    # A write under a fresh grant is accepted; one with a fence from before the
+    # restore (older than the row's) is refused.
+    fenced_update(_rows(item.pk), restored[0], on_hand=49)
+    with pytest.raises(StaleFencingToken):
+        fenced_update(_rows(item.pk), after_backup[0], on_hand=0)
+    item.refresh_from_db()
+    assert (item.on_hand, item.fence) == (49, restored[0])

@@ -1,0 +1,48 @@
+"""A stock model that is not the demo's: other names, renamed columns, a required field.
+
+Library tests configure stock_locks with it (``INVENTORY``, the suite's
+settings) to prove nothing in the library assumes the demo shop's
+``Product(sku, stock)``.
+"""
+
+from django.db import models
+
+from stock_locks.fencing import FencedModel
+from tests.inventory import INVENTORY
+
+__all__ = ["INVENTORY", "Item", "NumberedItem", "PlainItem"]
+
+
+class Item(FencedModel):
+    code = models.CharField(max_length=40, unique=True, db_column="item_code")
+    on_hand = models.IntegerField(db_column="qty_on_hand")
+    title = models.CharField(max_length=100)  # required, no default
+
+    def __str__(self) -> str:
+        return f"{self.code} ({self.on_hand} on hand)"
+
+    class Meta:
+        db_table = "inventory_items"
+        constraints = [
+            models.CheckConstraint(condition=models.Q(on_hand__gte=0), name="item_on_hand_gte_0")
+        ]
+
+
+class NumberedItem(models.Model):
+    """SKUs as integers: refused by the system checks (E006)."""
+
+    number = models.IntegerField(unique=True)
+    on_hand = models.IntegerField()
+
+    def __str__(self) -> str:
+        return str(self.number)
+
+
+class PlainItem(models.Model):
+    """No fence column: the lock strategy cannot sell it (E007 / W002)."""
+
+    code = models.CharField(max_length=40, unique=True)
+    on_hand = models.IntegerField()
+
+    def __str__(self) -> str:
+        return self.code

@@ -1,0 +1,178 @@
+"""A TCP proxy on 127.0.0.1 that loses replies, cuts or stalls connections on demand.
+
+Put it between a client and a real server (redis-server, PostgreSQL) to stage
+the faults a network gives: a request that ran but whose reply never came
+back, a connection cut mid-call, a server that accepts connections and then
+says nothing.
+
+    proxy = FaultProxy(redis_server.port).start()
+    client = redis.Redis(port=proxy.port)
+    proxy.lose_reply(b"EVALSHA")      # the next request containing EVALSHA runs on the
+                                      # server, its reply is dropped, the connection cut
+    proxy.stall()                     # forward nothing either way until resume()
+    proxy.cut()                       # close every open connection now
+    proxy.close()
+
+Matching is on the raw bytes a client sends (RESP for Redis, the simple query
+protocol for PostgreSQL: ``lose_reply(b"COMMIT")`` loses the answer to a commit
+that did happen). ``lost`` counts the replies dropped so far, so a test can
+assert its fault really fired.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+BUFFER = 65536
+
+
+class _Pair:
+    """One client connection and its upstream connection."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.lose_next_reply = False
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        for sock in (self.client, self.upstream):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+class FaultProxy:
+    """Forwards 127.0.0.1:``port`` to ``target_host``:``target_port``, with faults on demand."""
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._pairs: list[_Pair] = []
+        self._patterns: list[bytes] = []  # lose the reply to the next request matching each
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._closed = False
+        self.lost = 0  # replies dropped so far
+        self.lost_event = threading.Event()  # set each time a reply is dropped
+
+    @property
+    def url(self) -> str:
+        """A redis:// URL through the proxy (db 0)."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> FaultProxy:
+        self._listener.listen(128)
+        threading.Thread(target=self._accept, name="fault-proxy", daemon=True).start()
+        return self
+
+    # -- faults ----------------------------------------------------------------
+
+    def lose_reply(self, pattern: bytes, times: int = 1) -> None:
+        """The next ``times`` requests containing ``pattern`` reach the server and run;
+        each one's reply is dropped and its connection cut."""
+        with self._lock:
+            self._patterns.extend([pattern] * times)
+
+    def cancel_faults(self) -> None:
+        """Forget reply losses not yet fired, and resume a stall."""
+        with self._lock:
+            self._patterns.clear()
+        self.resume()
+
+    def stall(self) -> None:
+        """Stop forwarding in both directions (bytes wait) until :meth:`resume`."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
+    def cut(self) -> None:
+        """Close every open connection (clients see a reset or EOF)."""
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            pair.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self.resume()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self.cut()
+
+    # -- plumbing ----------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            for sock in (client, upstream):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            pair = _Pair(client, upstream)
+            with self._lock:
+                self._pairs.append(pair)
+            threading.Thread(target=self._requests, args=(pair,), daemon=True).start()
+            threading.Thread(target=self._replies, args=(pair,), daemon=True).start()
+
+    def _requests(self, pair: _Pair) -> None:
+        """Client -> server; arms a reply loss when a request matches a pattern."""
+        while True:
+            try:
+                data = pair.client.recv(BUFFER)
+            except OSError:
+                data = b""
+            if not data:
+                pair.close()
+                return
+            self._flowing.wait()
+            with self._lock:
+                for i, pattern in enumerate(self._patterns):
+                    if pattern in data:
+                        del self._patterns[i]
+                        pair.lose_next_reply = True
+                        break
+            try:
+                pair.upstream.sendall(data)
+            except OSError:
+                pair.close()
+                return
+
+    def _replies(self, pair: _Pair) -> None:
+        """Server -> client; drops the armed reply and cuts the connection."""
+        while True:
+            try:
+                data = pair.upstream.recv(BUFFER)
+            except OSError:
+                data = b""
+            if not data:
+                pair.close()
+                return
+            self._flowing.wait()
+            if pair.lose_next_reply:
+                with self._lock:
+                    self.lost += 1
+                self.lost_event.set()
+                pair.close()
+                return
+            try:
+                pair.client.sendall(data)
+            except OSError:
+                pair.close()
+                return

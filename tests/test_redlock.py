@@ -1,0 +1,75 @@
+"""RedLock over three real masters: majority grants, agreed fences, give-back of
+minority grants. (Lock behaviour shared with every backend: tests/contract; masters
+killed, emptied or stalled: tests/faults/test_redlock_faults.py.)"""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+
+from stock_locks import Lock, RedLock, Semaphore
+from stock_locks.backends import get_backend
+from stock_locks.exceptions import LockError
+from stock_locks.keys import lock_keys
+
+
+def _on_every_master(servers, key: str) -> list:
+    return [server.client().get(key) for server in servers]
+
+
+def test_a_grant_holds_the_same_token_on_every_master_with_one_agreed_fence(redlock):
+    lock = RedLock("order:1", ttl=30)
+    assert lock.acquire()
+    keys = lock_keys("order:1")
+    assert _on_every_master(redlock, keys.lock) == [lock.token.encode()] * 3
+    assert _on_every_master(redlock, keys.fence) == [str(lock.fence).encode()] * 3
+    info = lock.info()
+    assert info is not None and info.token == lock.token and info.fence == lock.fence
+    assert info.backend == "redlock" and info.host and info.pid
+    lock.release()
+    assert _on_every_master(redlock, keys.lock) == [None] * 3
+
+
+def test_fences_rise_with_every_grant_even_when_the_masters_disagreed(redlock):
+    keys = lock_keys("order:2")
+    fences = []
+    for round_ in range(3):
+        # One master's counter runs ahead (it alone saw grants the others missed).
+        redlock[round_].client().set(keys.fence, 4 * 10**15 + round_ * 1000)
+        with RedLock("order:2", ttl=30) as lock:
+            fences.append(lock.fence)
+        # The grant's fence was stored on a majority before it counted.
+        stored = [int(v) for v in _on_every_master(redlock, keys.fence)]
+        assert sum(value >= lock.fence for value in stored) >= 2
+    assert fences == sorted(fences) and len(set(fences)) == 3
+    assert fences[0] == 4 * 10**15 + 1  # (the ahead counter wins; Lua numbers are exact to 2**53)
+
+
+def test_a_minority_grant_is_given_back_on_every_master(redlock):
+    keys = lock_keys("order:3")
+    for server in redlock[:2]:  # another holder has a majority
+        server.client().set(keys.lock, "someone-else", px=30_000)
+    lock = RedLock("order:3", ttl=30, timeout=0)
+    assert lock.acquire() is False
+    # The third master granted our token; it was given back at once.
+    assert redlock[2].client().get(keys.lock) is None
+    assert _on_every_master(redlock[:2], keys.lock) == [b"someone-else"] * 2
+
+
+def test_redlock_needs_a_redlock_backend_and_offers_no_semaphores(redlock):
+    with pytest.raises(LockError, match="not a RedLock backend"):
+        RedLock("order:4", backend="default")
+    with pytest.raises(LockError, match="no semaphores"):
+        Semaphore("exports", 2, backend="redlock")
+    plain = Lock("order:4", backend="redlock")  # the same backend through Lock
+    assert plain.acquire() and plain.backend is get_backend("redlock")
+    plain.release()
+
+
+def test_a_redlock_backend_needs_an_odd_number_of_masters_at_least_three(redlock):
+    urls = [server.url for server in redlock]
+    for location in (urls[:2], urls + urls[:1], "redis://127.0.0.1:1/0"):
+        backends = {"bad": {"BACKEND": "stock_locks.backends.redlock.RedLockBackend",
+                            "LOCATION": location}}  # fmt: skip
+        with override_settings(STOCK_LOCKS={"BACKENDS": backends}), pytest.raises(LockError):
+            get_backend("bad")
