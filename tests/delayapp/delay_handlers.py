@@ -8,11 +8,15 @@ records every handling directly on the server.
   ``COUNTS`` ``n`` 1 once the handler finishes. With ``hang``, its first
   delivery sets ``HANGING`` to ``n`` and then blocks until something is pushed
   to ``RELEASE`` (the test decides when); later deliveries do not block.
+  With ``stop`` as well, that first delivery SIGSTOPs its own process right
+  after setting ``HANGING``: the whole drainer (helper thread included) is
+  paused at that point, not whenever a test's signal arrives.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from functools import cache
 from typing import Any
 
@@ -40,6 +44,8 @@ def count(payload: dict[str, Any]) -> None:
     n = str(payload["n"])
     if payload.get("hang") and client.incr(DELIVERIES + n) == 1:
         client.set(HANGING, n)
+        if payload.get("stop"):
+            os.kill(os.getpid(), signal.SIGSTOP)
         while not client.blpop([RELEASE], timeout=1):
             pass
     client.hincrby(COUNTS, n, 1)

@@ -71,20 +71,30 @@ def drainers(redis_server, redis_client) -> Iterator[Callable[..., CeleryProcess
 
 
 def schedule_batch(
-    queue: DelayQueue, redis_client, n: int, *, hang: int | None = None, start: int = 0
+    queue: DelayQueue,
+    redis_client,
+    n: int,
+    *,
+    hang: int | None = None,
+    start: int = 0,
+    stop: bool = False,
 ) -> None:
     """Items ``start``..``start+n-1``, all due now: a claim takes them in that order
-    (equal scores sort by id)."""
+    (equal scores sort by id). ``hang`` (with ``stop``: and SIGSTOP its drainer) is
+    the item whose first delivery blocks."""
     seconds, micros = redis_client.time()
     eta = dt.datetime.fromtimestamp((seconds * 1000 + micros // 1000) / 1000, dt.UTC)
     for i in range(start, start + n):
-        queue.schedule(COUNT_TASK, {"n": i, "hang": i == hang}, eta=eta, id=f"item-{i:03d}")
+        payload = {"n": i, "hang": i == hang, "stop": stop and i == hang}
+        queue.schedule(COUNT_TASK, payload, eta=eta, id=f"item-{i:03d}")
 
 
-def claim_together(drainer: CeleryProcess, queue: DelayQueue, redis_client) -> None:
+def claim_together(
+    drainer: CeleryProcess, queue: DelayQueue, redis_client, *, stop: bool = False
+) -> None:
     """Schedule the 20 items while ``drainer`` is paused, so that it claims them in one batch."""
     drainer.pause()
-    schedule_batch(queue, redis_client, ITEMS, hang=HANG_AT)
+    schedule_batch(queue, redis_client, ITEMS, hang=HANG_AT, stop=stop)
     drainer.resume()
 
 
@@ -157,9 +167,11 @@ def test_a_drainer_paused_mid_batch_starts_none_of_its_expired_claim_on_resume(
     queue, drainers, redis_client
 ):
     a = drainers("a")
-    claim_together(a, queue, redis_client)
-    wait_until(lambda: redis_client.get(HANGING) == str(HANG_AT).encode(), what="the hang")
-    a.pause()  # SIGSTOP, helper thread included, before it could settle the batch
+    # A's hanging handler SIGSTOPs A, helper thread included, before it could settle
+    # the batch (a pause sent from here could come after its give-back time).
+    claim_together(a, queue, redis_client, stop=True)
+    wait_until(lambda: a.stopped() and redis_client.get(HANGING) == str(HANG_AT).encode(),
+               what="A to stop itself at the hang")  # fmt: skip
     drainers("b")
     wait_until(
         lambda: len(counts(redis_client)) == ITEMS and quiet(queue),

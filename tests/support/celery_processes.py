@@ -74,6 +74,11 @@ class CeleryProcess:
     def resume(self) -> None:
         self.process.send_signal(signal.SIGCONT)
 
+    def stopped(self) -> bool:
+        """True while the process is stopped (SIGSTOP), by anyone, itself included."""
+        stat = Path(f"/proc/{self.process.pid}/stat").read_text()
+        return stat.rpartition(")")[2].split()[0] == "T"
+
     def kill(self) -> None:
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
