@@ -5,8 +5,10 @@
 #   newest   pytest in .venv: the newest releases requirements.txt allows (with hiredis)
 #   lowest   pytest in .cache/venv-lowest: the lowest versions pyproject.toml allows
 #            (requirements-min.txt; no hiredis), every test but the browser test
-#            (tests/test_dashboard_browser.py: no Playwright there) and the
+#            (tests/test_dashboard_browser.py: no Playwright there), the
 #            many-process proofs marked slow (their calls are the same as the rest's)
+#            and the fault suite (tests/faults: it kills and pauses servers for ~2 min;
+#            the newest step runs it, keeping the whole run under 15 minutes)
 #
 # Sets up both virtualenvs and PostgreSQL (scripts/setup.sh --lowest), exports
 # DATABASE_URL from .cache/env.sh; the tests start their own redis-server processes.
@@ -98,9 +100,10 @@ fi
 
 if wants lowest; then
     # The lowest versions' run checks that the API stock_locks uses works there; the
-    # many-process proofs (marked slow) exercise the same calls and run in the newest step.
+    # many-process proofs (marked slow) and the fault suite exercise the same calls
+    # and run in the newest step.
     pytest_run lowest .cache/venv-lowest/bin/python --ignore=tests/test_dashboard_browser.py \
-        -m "not slow" "$@"
+        -m "not slow and not faults" "$@"
 fi
 
 echo "[test] summary:"
