@@ -17,6 +17,7 @@ from typing import Any
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from .backends.redis import parse_record
 from .conf import settings
 from .connection import get_redis, is_cluster, refresh_slot_map
 from .delayqueue import DelayQueue
@@ -146,14 +147,14 @@ def lock_page(search: str = "", page: int = 1, client: Any = None) -> dict[str, 
     pipe = client.pipeline(transaction=False)
     for name in shown:
         keys = lock_keys(name, cluster=cluster)
-        pipe.hgetall(keys.holder)
+        pipe.get(keys.lock)
         pipe.pttl(keys.lock)
     replies = pipe.execute()
     rows = []
-    for name, holder, pttl in zip(shown, replies[::2], replies[1::2], strict=True):
-        if pttl == -2:
+    for name, record, pttl in zip(shown, replies[::2], replies[1::2], strict=True):
+        if record is None or pttl == -2:
             continue  # released between the index read and now
-        info = {_text(k): _text(v) for k, v in holder.items()}
+        info = parse_record(record)
         rows.append(
             {
                 "name": name,
@@ -178,13 +179,11 @@ def lock_holder(name: str, client: Any = None) -> dict[str, Any] | None:
     keys = lock_keys(name, cluster=is_cluster(client))
     pipe = client.pipeline(transaction=False)
     pipe.get(keys.lock)
-    pipe.hgetall(keys.holder)
     pipe.pttl(keys.lock)
-    token, holder, pttl = pipe.execute()
-    if token is None:
+    record, pttl = pipe.execute()
+    if record is None:
         return None
-    info = {_text(k): _text(v) for k, v in holder.items()}
-    info["token"] = _text(token)
+    info: dict[str, Any] = parse_record(record)
     info["lease_remaining"] = None if pttl < 0 else pttl / 1000
     info["acquired_at"] = _iso_ms(info.get("acquired_at"))
     return info

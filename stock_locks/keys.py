@@ -30,9 +30,9 @@ SLOTS = 16384  # Redis Cluster hash slots
 
 
 class LockKeys(NamedTuple):
-    lock: str  # the token (string, with the lease as its expiry)
+    lock: str  # the holder's record: token, fence, count, metadata (expires with the lease)
     fence: str  # the fencing counter (expires FENCE_RETENTION after the last grant)
-    holder: str  # holder metadata hash (same lease as the lock)
+    waiters: str  # flag a refused try sets (same lease as the lock); a release deletes it
     signal: str  # wake-up list a release pushes to; waiters BLPOP it
     released: str  # list: the tokens most recently released or given up, newest first
     index: str  # type: ignore[assignment]  # zset of held locks (name -> lease end, ms) in its slot
@@ -88,7 +88,7 @@ def lock_keys(name: str, cluster: bool = False) -> LockKeys:
     base = lock_base(name)
     index = lock_index_key(key_slot(base)) if cluster else lock_index_key()
     return LockKeys(
-        base, f"{base}:fence", f"{base}:holder", f"{base}:signal", f"{base}:released", index
+        base, f"{base}:fence", f"{base}:waiters", f"{base}:signal", f"{base}:released", index
     )
 
 

@@ -25,6 +25,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from stock_locks import Lock, LockInfo, lock_model, locked, scripts
+from stock_locks.backends.redis import parse_record, token_of
 from stock_locks.exceptions import LockError, LockNotOwned, StaleFencingToken
 from stock_locks.fencing import claim, fenced_update
 from stock_locks.locks import (
@@ -78,13 +79,12 @@ def test_a_spawned_process_adopts_a_hold_by_token_extends_and_releases_it(redis_
         state, remaining = report.get(timeout=TIMEOUT)
         assert state == "extended" and 100 < remaining <= 120
         assert 100_000 < redis_client.pttl("sl:lock:{order:77}") <= 120_000
-        assert 100_000 < redis_client.pttl("sl:lock:{order:77}:holder") <= 120_000
         go.set()
         assert report.get(timeout=TIMEOUT) == ("released", False)
     finally:
         go.set()
         task.join(TIMEOUT)
-    assert not redis_client.exists("sl:lock:{order:77}", "sl:lock:{order:77}:holder")
+    assert not redis_client.exists("sl:lock:{order:77}")
     # The original holder's own release is recognised as already done: no error.
     view.release()
     assert not view.owned()
@@ -129,7 +129,7 @@ def test_hand_off_stops_the_givers_renewals_and_the_receiver_renews(redis_client
     # The with block's end released nothing: the hold is the receiver's now.
     try:
         assert report.get(timeout=TIMEOUT) == ("adopted", giver.fence)
-        assert redis_client.get("sl:lock:{job:9}").decode() == token
+        assert token_of(redis_client.get("sl:lock:{job:9}")) == token
         # The receiver's watchdog renews the hold to its own 0.6 s lease, again and again.
         renewals, last = 0, redis_client.pttl("sl:lock:{job:9}")
         while renewals < 3:
@@ -224,7 +224,7 @@ def test_force_release_returns_the_displaced_holder_whose_fenced_write_is_then_r
         assert (displaced.name, displaced.token, displaced.fence) == ("item:KETTLE", token, fence)
         assert (displaced.host, displaced.pid) == (HOST, str(stuck.pid))
         assert displaced.caller.endswith("_holder_then_stale_write")
-        assert not redis_client.exists("sl:lock:{item:KETTLE}", "sl:lock:{item:KETTLE}:holder")
+        assert not redis_client.exists("sl:lock:{item:KETTLE}", "sl:lock:{item:KETTLE}:waiters")
         assert AuditEntry.objects.count() == 0  # the caller audits, not the function
         with Lock("item:KETTLE", ttl=30, timeout=0) as newer:
             assert newer.fence > fence
@@ -452,7 +452,7 @@ def test_the_watchdog_stops_renewing_at_max_hold_and_the_lease_runs_out(redis_cl
     caplog.set_level(logging.WARNING, logger="stock_locks.lock.renewal")
     capped.acquire()
     uncapped.acquire()
-    granted_ms = int(redis_client.hget(capped.keys.holder, "acquired_at"))
+    granted_ms = int(parse_record(redis_client.get(capped.keys.lock))["acquired_at"])
     wait_until(lambda: not redis_client.exists(capped.keys.lock), what="the capped lease ends")
     # Renewed past its 1 s ttl up to the cap, then left to run out: its last lease
     # ended exactly max_hold after the grant, on the Redis clock.
@@ -490,7 +490,7 @@ def test_a_hung_but_alive_worker_loses_its_watchdog_lock_at_max_hold(redis_clien
 def test_an_adopted_watchdog_hold_is_capped_from_the_original_grant(redis_client):
     original = Lock("wd:adopted", ttl=1)
     original.acquire()
-    granted_ms = int(redis_client.hget(original.keys.holder, "acquired_at"))
+    granted_ms = int(parse_record(redis_client.get(original.keys.lock))["acquired_at"])
     adopted = Lock("wd:adopted", ttl=1, watchdog=True, max_hold=1.5, token=original.token)
     wait_until(lambda: not redis_client.exists(adopted.keys.lock), what="the capped lease ends")
     # Renewed by the adopter up to the cap counted from the original grant.

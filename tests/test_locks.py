@@ -11,6 +11,7 @@ import redis
 from django.test import override_settings
 
 from stock_locks import Lock
+from stock_locks.backends.redis import parse_record, token_of
 from stock_locks.exceptions import LockError, LockNotOwned, LockNotReplicated, LockTimeout
 from stock_locks.locks import Watchdog
 from tests.support.processes import event, run_in_processes, start_process
@@ -25,10 +26,8 @@ def test_grant_sets_token_fence_and_holder_metadata_with_one_lease(redis_client)
     assert lock.acquire()
     assert len(lock.token) == 32  # 128 random bits, hex
     assert lock.fence == int(redis_client.get("sl:lock:{order:42}:fence"))
-    assert redis_client.get("sl:lock:{order:42}").decode() == lock.token
-    holder = {
-        k.decode(): v.decode() for k, v in redis_client.hgetall("sl:lock:{order:42}:holder").items()
-    }
+    # One key holds the holder's record: token first, then fence, count and metadata.
+    holder = parse_record(redis_client.get("sl:lock:{order:42}"))
     assert holder["token"] == lock.token
     assert holder["fence"] == str(lock.fence)
     assert holder["count"] == "1"
@@ -38,12 +37,12 @@ def test_grant_sets_token_fence_and_holder_metadata_with_one_lease(redis_client)
     )
     server_ms = int(redis_client.time()[0]) * 1000
     assert abs(int(holder["acquired_at"]) - server_ms) < 5_000  # the Redis clock, in ms
-    for key in ("sl:lock:{order:42}", "sl:lock:{order:42}:holder"):
-        assert 15_000 < redis_client.pttl(key) <= 20_000
+    assert holder["ttl"] == "20000" and holder["watchdog"] == "0"
+    assert 15_000 < redis_client.pttl("sl:lock:{order:42}") <= 20_000
     # The fence counter is kept FENCE_RETENTION (a day) after the last grant.
     assert 86_000 < redis_client.ttl("sl:lock:{order:42}:fence") <= 86_400
     lock.release()
-    assert not redis_client.exists("sl:lock:{order:42}", "sl:lock:{order:42}:holder")
+    assert not redis_client.exists("sl:lock:{order:42}", "sl:lock:{order:42}:waiters")
 
 
 class CountingConnection(redis.Connection):
@@ -117,7 +116,6 @@ def test_extend_works_only_for_the_owner(redis_client):
     lock.acquire()
     lock.extend(60)
     assert 55_000 < redis_client.pttl("sl:lock:{ext}") <= 60_000
-    assert 55_000 < redis_client.pttl("sl:lock:{ext}:holder") <= 60_000
     redis_client.set("sl:lock:{ext}", "intruder", px=3_000)
     with pytest.raises(LockNotOwned):
         lock.extend(60)
@@ -199,7 +197,7 @@ def test_reentrant_owner_counts_holds_and_only_the_last_release_frees(redis_clie
     assert outer.acquire()
     assert inner.acquire()
     assert outer.acquire()
-    assert redis_client.hget("sl:lock:{re}:holder", "count") == b"3"
+    assert parse_record(redis_client.get("sl:lock:{re}"))["count"] == "3"
     first_fence = outer.fence
     assert inner.fence == first_fence  # re-entry keeps the grant's fence
 
@@ -214,7 +212,7 @@ def test_reentrant_owner_counts_holds_and_only_the_last_release_frees(redis_clie
 
     inner.release()
     outer.release()
-    assert redis_client.hget("sl:lock:{re}:holder", "count") == b"1"
+    assert parse_record(redis_client.get("sl:lock:{re}"))["count"] == "1"
     assert redis_client.exists("sl:lock:{re}")
     outer.release()
     assert not redis_client.exists("sl:lock:{re}")
@@ -338,7 +336,7 @@ def test_watchdog_keeps_a_lock_alive_past_its_ttl_and_stops_at_release(redis_cli
         if now > last:
             renewals += 1
         last = now
-    assert not redis_client.exists("sl:lock:{wd}", "sl:lock:{wd}:holder")
+    assert not redis_client.exists("sl:lock:{wd}", "sl:lock:{wd}:waiters")
     probe.release()
     assert not lock.lost
 
@@ -422,7 +420,7 @@ def test_replica_check_passes_with_a_live_replica(redis_factory, use_redis):
         override_settings(STOCK_LOCKS={"REPLICAS": 1, "REPLICA_TIMEOUT": 5}),
         Lock("repl", ttl=10) as lock,
     ):
-        assert replica.client().get("sl:lock:{repl}").decode() == lock.token
+        assert token_of(replica.client().get("sl:lock:{repl}")) == lock.token
 
 
 def test_a_wait_longer_than_the_socket_timeout_is_sliced_not_failed(redis_server):

@@ -9,6 +9,7 @@ from django.test import override_settings
 
 from stock_locks import Lock, RedLock, Semaphore
 from stock_locks.backends import get_backend
+from stock_locks.backends.redis import parse_record, token_of
 from stock_locks.exceptions import LockError
 from stock_locks.keys import lock_keys
 
@@ -21,7 +22,10 @@ def test_a_grant_holds_the_same_token_on_every_master_with_one_agreed_fence(redl
     lock = RedLock("order:1", ttl=30)
     assert lock.acquire()
     keys = lock_keys("order:1")
-    assert _on_every_master(redlock, keys.lock) == [lock.token.encode()] * 3
+    records = _on_every_master(redlock, keys.lock)
+    assert [token_of(record) for record in records] == [lock.token] * 3
+    # Each master's record of the holder carries the agreed fence.
+    assert {parse_record(record)["fence"] for record in records} == {str(lock.fence)}
     assert _on_every_master(redlock, keys.fence) == [str(lock.fence).encode()] * 3
     info = lock.info()
     assert info is not None and info.token == lock.token and info.fence == lock.fence

@@ -126,16 +126,30 @@ def run_batch(client: Any, calls: Sequence[tuple[Any, Sequence, Sequence]]) -> l
 # -- builds and parses, shared with the asyncio backend ---------------------------------
 
 
-def holder_argv(caller: str, watchdog: bool) -> tuple:
-    """The fixed tail of ``lock_acquire.lua``'s ARGV: host, pid, caller, watchdog."""
+# The holder's record (the lock key's value, lock_acquire.lua) is one string of
+# fields separated by newlines: token, fence, count, ttl ms, acquired_at ms (Redis
+# clock), thread, host, pid, watchdog ("1"/"0"), caller.
+RECORD_FIELDS = (
+    "token", "fence", "count", "ttl", "acquired_at", "thread", "host", "pid", "watchdog", "caller",
+)  # fmt: skip
+
+
+def _field(text: str) -> str:
+    """``text`` made safe as one field of a holder's record (no newline)."""
+    return text.replace("\n", " ") if "\n" in text else text
+
+
+def holder_argv(caller: str, watchdog: bool) -> str:
+    """The fixed part of the holder's record, ``host \n pid \n watchdog \n caller``: the
+    tail of ``lock_acquire.lua``'s ARGV[5], after the thread."""
     host, pid = process_identity()
-    return (host, pid, caller, int(watchdog))
+    return f"{_field(host)}\n{pid}\n{int(watchdog)}\n{_field(caller)}"
 
 
-def acquire_argv(token: str, ttl_ms: int, depth: int, holder: tuple, waited: bool) -> tuple:
+def acquire_argv(token: str, ttl_ms: int, depth: int, holder: str, waited: bool) -> tuple:
     """ARGV of ``lock_acquire.lua``; ``holder`` comes from :func:`holder_argv`."""
     retention_ms = max(1, int(settings.FENCE_RETENTION * 1000))
-    return (token, ttl_ms, depth, thread_name(), *holder, int(waited), retention_ms)
+    return (token, ttl_ms, depth, int(waited), f"{_field(thread_name())}\n{holder}", retention_ms)
 
 
 def release_argv(token: str, depth: int, ttl_ms: int, mode: str = "release") -> tuple:
@@ -146,15 +160,30 @@ def release_argv(token: str, depth: int, ttl_ms: int, mode: str = "release") -> 
 
 
 def acquire_keys(keys: LockKeys) -> tuple[str, ...]:
-    return (keys.lock, keys.fence, keys.holder, keys.index, keys.released)
+    return (keys.lock, keys.fence, keys.waiters, keys.index, keys.released)
 
 
 def release_keys(keys: LockKeys) -> tuple[str, ...]:
-    return (keys.lock, keys.holder, keys.signal, keys.released, keys.index)
+    return (keys.lock, keys.waiters, keys.signal, keys.released, keys.index)
 
 
 def extend_keys(keys: LockKeys) -> tuple[str, ...]:
-    return (keys.lock, keys.holder, keys.index)
+    return (keys.lock, keys.waiters, keys.index)
+
+
+def token_of(record: Any) -> str | None:
+    """The token of a holder's record (the lock key's value; None: free)."""
+    if record is None:
+        return None
+    text = _text(record)
+    return text.split("\n", 1)[0]
+
+
+def parse_record(record: Any) -> dict[str, str]:
+    """The fields of a holder's record (a bare token, e.g. written by another
+    client, has the token only)."""
+    values = _text(record).split("\n", len(RECORD_FIELDS) - 1)
+    return dict(zip(RECORD_FIELDS, values, strict=False))
 
 
 def lock_attempt(name: str, reply: Sequence) -> Attempt:
@@ -186,8 +215,8 @@ def lock_info(name: str, reply: list, backend: str = "default") -> LockInfo | No
     """A :class:`LockInfo` from ``lock_inspect.lua``'s reply (None: free)."""
     if not reply:
         return None
-    token, pttl, _, _, flat = reply
-    holder = {_text(k): _text(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
+    record, pttl = reply[0], reply[1]
+    holder = parse_record(record)
 
     def number(field: str) -> int | None:
         value = holder.get(field)
@@ -196,7 +225,7 @@ def lock_info(name: str, reply: list, backend: str = "default") -> LockInfo | No
     acquired_ms, ttl_ms = number("acquired_at"), number("ttl")
     return LockInfo(
         name=name,
-        token=_text(token),
+        token=holder["token"],
         fence=number("fence"),
         count=number("count") or 1,
         remaining=None if int(pttl) < 0 else int(pttl) / 1000,
@@ -325,7 +354,13 @@ class RedisBackend(Backend):
     def _eval(self, script: Script, keys: Sequence[str], argv: Sequence, bounded: bool) -> Any:
         if bounded:
             return bounded_call(self.client, script, keys, argv)
-        return script(keys, argv, client=self.client)
+        # (what redis-py's Script.__call__ does, without its per-call overhead)
+        client = self.client
+        try:
+            return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
+        except NoScriptError:
+            client.script_load(script.script)
+            return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
 
     # -- locks -------------------------------------------------------------------------
 
@@ -335,14 +370,22 @@ class RedisBackend(Backend):
     def lock_try(
         self, lock: Any, token: str, depth: int, waited: bool, *, bounded: bool = False
     ) -> Attempt:
-        argv = acquire_argv(
-            token, lock._ttl_ms, depth, holder_argv(lock.caller, lock.watchdog), waited
-        )
+        prepared = _prepared(lock)
+        argv = (
+            token,
+            lock._ttl_ms,
+            depth,
+            1 if waited else 0,
+            prepared.describe(),
+            max(1, int(settings.FENCE_RETENTION * 1000)),
+        )  # fmt: skip  (acquire_argv, with the holder's fixed part made once per lock)
         replicas = self.options.get("REPLICAS", settings.REPLICAS)
         if replicas and not bounded:
             reply = self._acquire_replicated(lock, token, argv, replicas)
         else:
-            reply = self._eval(scripts.LOCK_ACQUIRE, acquire_keys(lock.keys), argv, bounded)
+            reply = self._eval(scripts.LOCK_ACQUIRE, prepared.acquire_keys, argv, bounded)
+        if reply[0] == 1:
+            return Attempt(True, fence=reply[1], count=reply[2])
         return lock_attempt(lock.name, reply)
 
     def _acquire_replicated(self, lock: Any, token: str, argv: tuple, replicas: int) -> list:
@@ -381,8 +424,15 @@ class RedisBackend(Backend):
     def lock_release(
         self, lock: Any, token: str, depth: int, mode: str = "release", *, bounded: bool = False
     ) -> int:
-        argv = release_argv(token, depth, lock._ttl_ms, mode)
-        return self._eval(scripts.LOCK_RELEASE, release_keys(lock.keys), argv, bounded)
+        argv = (
+            token,
+            depth,
+            int(settings.WAKE_SIGNAL_TTL * 1000),
+            lock._ttl_ms,
+            RELEASED_KEPT,
+            mode,
+        )
+        return self._eval(scripts.LOCK_RELEASE, _prepared(lock).release_keys, argv, bounded)
 
     def lock_extend(
         self, lock: Any, token: str, ttl_ms: int, max_hold_ms: int = 0, *, bounded: bool = False
@@ -394,12 +444,12 @@ class RedisBackend(Backend):
         return wait_for_signal(self.client, lock.keys.signal, seconds)
 
     def lock_inspect(self, name: str, keys: LockKeys, *, bounded: bool = False) -> LockInfo | None:
-        reply = self._eval(scripts.LOCK_INSPECT, (keys.lock, keys.holder), (), bounded)
+        reply = self._eval(scripts.LOCK_INSPECT, (keys.lock,), (), bounded)
         return lock_info(name, reply, self.alias)
 
     def lock_token(self, keys: LockKeys, *, bounded: bool = False) -> str | None:
         """The token holding the lock now, or None."""
-        return _text(self.client.get(keys.lock))
+        return token_of(self.client.get(keys.lock))
 
     def force_release(self, info: LockInfo, keys: LockKeys, *, bounded: bool = False) -> int:
         """Release the hold of ``info.token`` as an operator (remembered as forced)."""
@@ -415,7 +465,7 @@ class RedisBackend(Backend):
         self, chunk: Sequence[tuple[str, LockKeys]], *, bounded: bool = False
     ) -> list[LockInfo | None]:
         """The holders of many locks, (name, keys) pairs, in one round trip per node."""
-        reads = [(scripts.LOCK_INSPECT, (keys.lock, keys.holder), ()) for _, keys in chunk]
+        reads = [(scripts.LOCK_INSPECT, (keys.lock,), ()) for _, keys in chunk]
         infos = []
         for (name, _), reply in zip(chunk, run_batch(self.client, reads), strict=True):
             if isinstance(reply, Exception):
@@ -500,6 +550,35 @@ class RedisBackend(Backend):
             return scripts.FAIR_RELEASE(fair_keys, (holder_id, limit, grace_ms()), client=client)
         argv = (holder_id, limit, int(settings.WAKE_SIGNAL_TTL * 1000))
         return scripts.SEM_RELEASE((keys.holders, keys.meta, keys.signal), argv, client=client)
+
+
+class _Prepared:
+    """What a lock's scripts take that does not change between its calls: the KEYS of
+    acquire and release, and the fixed part of its holder's record (made again in a
+    forked child, whose pid differs)."""
+
+    __slots__ = ("acquire_keys", "release_keys", "caller", "watchdog", "identity", "holder")
+
+    def __init__(self, lock: Any) -> None:
+        self.acquire_keys = acquire_keys(lock.keys)
+        self.release_keys = release_keys(lock.keys)
+        self.caller, self.watchdog = lock.caller, lock.watchdog
+        self.identity = process_identity()
+        self.holder = holder_argv(lock.caller, lock.watchdog)
+
+    def describe(self) -> str:
+        """ARGV[5] of lock_acquire.lua: the calling thread, then the fixed part."""
+        identity = process_identity()
+        if identity != self.identity:
+            self.identity, self.holder = identity, holder_argv(self.caller, self.watchdog)
+        return f"{_field(thread_name())}\n{self.holder}"
+
+
+def _prepared(lock: Any) -> _Prepared:
+    prepared = lock.__dict__.get("_redis_prepared")
+    if prepared is None or prepared.caller is not lock.caller or prepared.watchdog != lock.watchdog:
+        prepared = lock.__dict__["_redis_prepared"] = _Prepared(lock)
+    return prepared
 
 
 def _cluster_client(location: str | Sequence[str], kwargs: dict[str, Any]) -> Any:

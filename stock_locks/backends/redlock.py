@@ -41,7 +41,7 @@ are: fences start from a master's clock and grow by one per grant), so fenced
 writes (``stock_locks.fencing``) refuse the first holder. Unfenced code is not
 protected then: that is what the fence is for.
 
-Waiting: a refused try marks every master's holder record, and a release
+Waiting: a refused try sets every master's waiters flag, and a release
 pushes a wake-up on each; a waiter blocks on one master's wake-up list (its
 "home", chosen by the lock name; the next one when it is unreachable), bounded
 by the time a majority's leases need to end.
@@ -84,6 +84,7 @@ from .redis import (
     lock_info,
     release_argv,
     release_keys,
+    token_of,
 )
 
 NODE_TIMEOUT = 0.2  # seconds: the longest one round to the masters waits for replies
@@ -308,7 +309,7 @@ class RedLockBackend(Backend):
     def _store_fence(self, keys: LockKeys, token: str, fence: int) -> bool:
         retention_ms = max(1, int(settings.FENCE_RETENTION * 1000))
         command = _script_command(
-            scripts.LOCK_FENCE, (keys.fence, keys.holder, keys.lock), (token, fence, retention_ms)
+            scripts.LOCK_FENCE, (keys.fence, keys.lock), (token, fence, retention_ms)
         )
         return sum(reply == 1 for reply in self._all(command)) >= self.quorum
 
@@ -423,16 +424,17 @@ class RedLockBackend(Backend):
 
     def _majority_holder(self, replies: Sequence[Any]) -> list | None:
         """The inspect replies of the token a majority shows, or None."""
-        tokens = Counter(r[0] for r in replies if not isinstance(r, _Failed) and r)
+        held = [r for r in replies if not isinstance(r, _Failed) and r]
+        tokens = Counter(token_of(r[0]) for r in held)
         for token, votes in tokens.items():
             if votes >= self.quorum:
-                return [r for r in replies if not isinstance(r, _Failed) and r and r[0] == token]
+                return [r for r in held if token_of(r[0]) == token]
         if sum(not isinstance(r, _Failed) for r in replies) < self.quorum:
             raise self._unavailable("inspect", replies)
         return None
 
     def lock_inspect(self, name: str, keys: LockKeys, *, bounded: bool = False) -> LockInfo | None:
-        command = _script_command(scripts.LOCK_INSPECT, (keys.lock, keys.holder), ())
+        command = _script_command(scripts.LOCK_INSPECT, (keys.lock,), ())
         held = self._majority_holder(self._all(command))
         if held is None:
             return None
@@ -443,10 +445,12 @@ class RedLockBackend(Backend):
 
     def lock_token(self, keys: LockKeys, *, bounded: bool = False) -> str | None:
         replies = self._all(("GET", keys.lock))
-        tokens = Counter(r for r in replies if not isinstance(r, _Failed) and r is not None)
+        tokens = Counter(
+            token_of(r) for r in replies if not isinstance(r, _Failed) and r is not None
+        )
         for token, votes in tokens.items():
             if votes >= self.quorum:
-                return token.decode() if isinstance(token, bytes) else token
+                return token
         if sum(not isinstance(r, _Failed) for r in replies) < self.quorum:
             raise self._unavailable("read", replies)
         return None

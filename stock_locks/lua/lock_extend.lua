@@ -1,14 +1,18 @@
 -- Reset the lease of a lock held by a token; a watchdog renewal may be capped.
 --
--- KEYS[1] lock key   KEYS[2] holder hash   KEYS[3] held-locks index (zset lock key -> lease end)
+-- KEYS[1] lock key (the holder's record; see lock_acquire.lua)
+-- KEYS[2] waiters flag (it lives as long as the lease)
+-- KEYS[3] held-locks index (zset lock key -> lease end)
 -- ARGV[1] token      ARGV[2] new lease in ms, counted from now
 -- ARGV[3] (optional) max_hold in ms, "0" or absent for none: the lease never
---         reaches past the grant's acquired_at (holder hash, Redis clock) plus this
+--         reaches past the grant's acquired_at (holder's record, Redis clock) plus this
 --
 -- Returns 1 when extended by the whole lease, 0 when the token does not hold
 -- the lock (nothing changed), 2 when max_hold cut the lease: it now ends at the
 -- cap (the last renewal), or the cap has passed and nothing was extended.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local record = redis.call('GET', KEYS[1])
+local cut = record and string.find(record, '\n', 1, true)
+if not record or (cut and string.sub(record, 1, cut - 1) or record) ~= ARGV[1] then
   return 0
 end
 local now = redis.call('TIME')
@@ -16,7 +20,7 @@ local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
 local lease = tonumber(ARGV[2])
 local result = 1
 if ARGV[3] and ARGV[3] ~= '0' then
-  local granted = tonumber(redis.call('HGET', KEYS[2], 'acquired_at'))
+  local granted = tonumber(string.match(record, '^[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n([^\n]*)'))
   if granted then
     local left = granted + tonumber(ARGV[3]) - now_ms
     if left <= 0 then

@@ -1,6 +1,8 @@
 -- Release a lock held by a token, and wake one waiter if any was refused.
 --
--- KEYS[1] lock key   KEYS[2] holder hash   KEYS[3] wake-up signal list
+-- KEYS[1] lock key (the holder's record: token \n fence \n count \n ...; see
+--         lock_acquire.lua)
+-- KEYS[2] waiters flag (set by a refused try)   KEYS[3] wake-up signal list
 -- KEYS[4] released tokens (list, newest first: at least the ARGV[5] latest
 --         tokens released, given up or force-released; expires ARGV[4] ms
 --         after it was created)
@@ -35,7 +37,9 @@ local function remember()
     redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[5]) - 1)  -- (once every ARGV[5] pushes)
   end
 end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local record = redis.call('GET', KEYS[1])
+local cut = record and string.find(record, '\n', 1, true)
+if not record or (cut and string.sub(record, 1, cut - 1) or record) ~= ARGV[1] then
   if redis.call('LPOS', KEYS[4], entry) then
     return 1
   end
@@ -46,18 +50,21 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
 end
 local depth = tonumber(ARGV[2])
 if depth > 1 then
-  redis.call('HSET', KEYS[2], 'count', depth - 1)
+  local fence, rest = string.match(record, '^[^\n]*\n([^\n]*)\n[^\n]*\n(.*)$')
+  if fence then
+    redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. fence .. '\n' .. (depth - 1) .. '\n' .. rest,
+      'KEEPTTL')
+  end
   return 2
 end
-local waiters = redis.call('HGET', KEYS[2], 'waiters')
-redis.call('DEL', KEYS[1], KEYS[2])
+-- One DEL of the lock and its waiters flag: 2 when a refused try set the flag.
+local waiters = redis.call('DEL', KEYS[1], KEYS[2]) > 1
 redis.call('ZREM', KEYS[5], KEYS[1])
 if ARGV[6] ~= 'retract' then
   remember()
 end
-if waiters ~= '0' then
+if waiters then
   -- One element: a release wakes one waiter, whose own release wakes the next.
-  -- (A missing hash reads as "maybe waiters": wake one rather than risk none.)
   redis.call('DEL', KEYS[3])
   redis.call('RPUSH', KEYS[3], 1)
   redis.call('PEXPIRE', KEYS[3], ARGV[3])

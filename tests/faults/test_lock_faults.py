@@ -249,7 +249,7 @@ def test_an_acquire_interrupted_mid_round_trip_leaves_the_lock_free(
         lambda: commandstats(redis_client).get("cmdstat_evalsha") == 2,
         what="the late try and the give-back ran",
     )
-    assert not redis_client.exists("sl:lock:{stalled}", "sl:lock:{stalled}:holder")
+    assert not redis_client.exists("sl:lock:{stalled}", "sl:lock:{stalled}:waiters")
     assert Lock("stalled", ttl=10, timeout=0).acquire()
 
 
