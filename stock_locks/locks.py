@@ -1,11 +1,11 @@
 """Token locks in Redis.
 
-A grant is one Lua script and one round trip: ``SET key token PX ttl``, the
-grant's fence (one more than the last, never below the Redis clock in
-microseconds), the holder's metadata (host, pid, thread, caller, acquired-at
-from the Redis clock) in a side hash with the same lease, and an entry in the
-held-locks index the admin page reads. Release and extend compare the token
-inside Lua, so only the holder can do either. A release pushes one element
+A grant is one Lua script and one round trip: the grant's fence (one more than
+the last, never below the Redis clock in microseconds), then ``SET key record
+NX PX ttl`` where the record is the token followed by the fence, the count and
+the holder's metadata (host, pid, thread, caller, acquired-at from the Redis
+clock), and an entry in the held-locks index the admin page reads. Release and
+extend compare the token inside Lua, so only the holder can do either. A release pushes one element
 onto the lock's signal list; waiters block on ``BLPOP`` of that list instead of
 polling, and bound each wait by the holder's remaining lease (with a
 client-side deadline, ``stock_locks.wakeup``), so a lost wake-up costs at most

@@ -23,6 +23,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import redis
 from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError
@@ -357,6 +358,8 @@ class RedisBackend(Backend):
         # (what redis-py's Script.__call__ does, without its per-call overhead)
         client = self.client
         try:
+            if type(client) is _PLAIN_CLIENT and client.connection is None:
+                return _evalsha_once(client, script.sha, keys, argv)
             return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
         except NoScriptError:
             client.script_load(script.script)
@@ -550,6 +553,26 @@ class RedisBackend(Backend):
             return scripts.FAIR_RELEASE(fair_keys, (holder_id, limit, grace_ms()), client=client)
         argv = (holder_id, limit, int(settings.WAKE_SIGNAL_TTL * 1000))
         return scripts.SEM_RELEASE((keys.holders, keys.meta, keys.signal), argv, client=client)
+
+
+_PLAIN_CLIENT = redis.Redis
+
+
+def _evalsha_once(client: Any, sha: str, keys: Sequence[str], argv: Sequence) -> Any:
+    """EVALSHA on a pooled connection of a plain ``redis.Redis``, without the per-call
+    bookkeeping of its ``execute_command``. A transport error closes the connection
+    and sends the call again through ``execute_command`` (the client's own retries):
+    every script is safe to repeat."""
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_command("EVALSHA", sha, len(keys), *keys, *argv)
+        return conn.read_response()
+    except (RedisConnectionError, RedisTimeoutError):
+        conn.disconnect()
+    finally:
+        pool.release(conn)
+    return client.execute_command("EVALSHA", sha, len(keys), *keys, *argv)
 
 
 class _Prepared:
