@@ -731,12 +731,13 @@ class Watchdog:
     """
 
     THREAD_NAME = "stock_locks-watchdog"
+    IDLE_WAIT = 1.0  # seconds between looks while nothing is registered
 
     def __init__(self) -> None:
         self._renewals: dict[tuple[str, str], _Renewal] = {}
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._wake_at: float | None = None  # when the sleeping thread next looks; None: never
+        self._wake_at = 0.0  # when the sleeping thread next looks
 
     def add(self, lock: Lock, hold: _Hold) -> None:
         renewal = _Renewal(lock, hold)
@@ -747,7 +748,7 @@ class Watchdog:
                     target=self._run, name=self.THREAD_NAME, daemon=True
                 )
                 self._thread.start()
-            elif self._wake_at is None or renewal.due < self._wake_at:
+            elif renewal.due < self._wake_at:
                 self._cond.notify()  # only when this lock falls due before the planned wake-up
 
     def discard(self, entry: tuple[str, str]) -> None:
@@ -762,8 +763,12 @@ class Watchdog:
             with self._cond:
                 batch = self._take_due()
                 while not batch:
+                    # With nothing to renew it still looks now and then, so that a lock
+                    # taken and released many times a second (each add() after a
+                    # discard()) does not wake it every time.
                     wait = self._next_wait()
-                    self._wake_at = None if wait is None else time.monotonic() + wait
+                    wait = self.IDLE_WAIT if wait is None else wait
+                    self._wake_at = time.monotonic() + wait
                     self._cond.wait(wait)
                     batch = self._take_due()
                 self._wake_at = 0.0  # busy renewing: add() need not notify

@@ -352,14 +352,21 @@ class RedisBackend(Backend):
                 f"Redis unavailable (backend {self.alias!r}): {exc}", backend=self.alias
             ) from exc
 
-    def _eval(self, script: Script, keys: Sequence[str], argv: Sequence, bounded: bool) -> Any:
+    def _eval(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        argv: Sequence,
+        bounded: bool,
+        head: CommandHead | None = None,
+    ) -> Any:
         if bounded:
             return bounded_call(self.client, script, keys, argv)
         # (what redis-py's Script.__call__ does, without its per-call overhead)
         client = self.client
         try:
             if type(client) is _PLAIN_CLIENT and client.connection is None:
-                return _evalsha_once(client, script.sha, keys, argv)
+                return _evalsha_once(client, script.sha, keys, argv, head)
             return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
         except NoScriptError:
             client.script_load(script.script)
@@ -386,7 +393,9 @@ class RedisBackend(Backend):
         if replicas and not bounded:
             reply = self._acquire_replicated(lock, token, argv, replicas)
         else:
-            reply = self._eval(scripts.LOCK_ACQUIRE, prepared.acquire_keys, argv, bounded)
+            reply = self._eval(
+                scripts.LOCK_ACQUIRE, prepared.acquire_keys, argv, bounded, prepared.acquire_head
+            )
         if reply[0] == 1:
             return Attempt(True, fence=reply[1], count=reply[2])
         return lock_attempt(lock.name, reply)
@@ -435,7 +444,10 @@ class RedisBackend(Backend):
             RELEASED_KEPT,
             mode,
         )
-        return self._eval(scripts.LOCK_RELEASE, _prepared(lock).release_keys, argv, bounded)
+        prepared = _prepared(lock)
+        return self._eval(
+            scripts.LOCK_RELEASE, prepared.release_keys, argv, bounded, prepared.release_head
+        )
 
     def lock_extend(
         self, lock: Any, token: str, ttl_ms: int, max_hold_ms: int = 0, *, bounded: bool = False
@@ -558,15 +570,37 @@ class RedisBackend(Backend):
 _PLAIN_CLIENT = redis.Redis
 
 
-def _evalsha_once(client: Any, sha: str, keys: Sequence[str], argv: Sequence) -> Any:
+class CommandHead:
+    """``EVALSHA sha numkeys key...`` of one script on fixed KEYS, packed once in the
+    wire format (RESP): a call packs only its ARGV (``argc`` of them) after it."""
+
+    __slots__ = ("argc", "data")
+
+    def __init__(self, sha: str, keys: Sequence[str], argc: int) -> None:
+        self.argc = argc
+        fixed = (b"EVALSHA", sha.encode(), str(len(keys)).encode(), *(k.encode() for k in keys))
+        self.data = b"*%d\r\n" % (len(fixed) + argc) + b"".join(_bulk(item) for item in fixed)
+
+
+def _bulk(data: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def _evalsha_once(
+    client: Any, sha: str, keys: Sequence[str], argv: Sequence, head: CommandHead | None = None
+) -> Any:
     """EVALSHA on a pooled connection of a plain ``redis.Redis``, without the per-call
-    bookkeeping of its ``execute_command``. A transport error closes the connection
-    and sends the call again through ``execute_command`` (the client's own retries):
-    every script is safe to repeat."""
+    bookkeeping of its ``execute_command`` (and with ``head``, packing only ARGV). A
+    transport error closes the connection and sends the call again through
+    ``execute_command`` (the client's own retries): every script is safe to repeat."""
     pool = client.connection_pool
     conn = pool.get_connection()
     try:
-        conn.send_command("EVALSHA", sha, len(keys), *keys, *argv)
+        if head is not None and len(argv) == head.argc and conn.encoder.encoding == "utf-8":
+            encode = conn.encoder.encode
+            conn.send_packed_command([head.data + b"".join(_bulk(encode(a)) for a in argv)])
+        else:
+            conn.send_command("EVALSHA", sha, len(keys), *keys, *argv)
         return conn.read_response()
     except (RedisConnectionError, RedisTimeoutError):
         conn.disconnect()
@@ -580,11 +614,16 @@ class _Prepared:
     acquire and release, and the fixed part of its holder's record (made again in a
     forked child, whose pid differs)."""
 
-    __slots__ = ("acquire_keys", "release_keys", "caller", "watchdog", "identity", "holder")
+    __slots__ = (
+        "acquire_keys", "release_keys", "acquire_head", "release_head", "caller", "watchdog",
+        "identity", "holder",
+    )  # fmt: skip
 
     def __init__(self, lock: Any) -> None:
         self.acquire_keys = acquire_keys(lock.keys)
         self.release_keys = release_keys(lock.keys)
+        self.acquire_head = CommandHead(scripts.LOCK_ACQUIRE.sha, self.acquire_keys, 6)
+        self.release_head = CommandHead(scripts.LOCK_RELEASE.sha, self.release_keys, 6)
         self.caller, self.watchdog = lock.caller, lock.watchdog
         self.identity = process_identity()
         self.holder = holder_argv(lock.caller, lock.watchdog)
