@@ -380,15 +380,8 @@ class RedisBackend(Backend):
     def lock_try(
         self, lock: Any, token: str, depth: int, waited: bool, *, bounded: bool = False
     ) -> Attempt:
-        prepared = _prepared(lock)
-        argv = (
-            token,
-            lock._ttl_ms,
-            depth,
-            1 if waited else 0,
-            prepared.describe(),
-            max(1, int(settings.FENCE_RETENTION * 1000)),
-        )  # fmt: skip  (acquire_argv, with the holder's fixed part made once per lock)
+        prepared = prepared_for(lock)
+        argv = acquire_argv(token, lock._ttl_ms, depth, prepared.holder_part(), waited)
         replicas = self.options.get("REPLICAS", settings.REPLICAS)
         if replicas and not bounded:
             reply = self._acquire_replicated(lock, token, argv, replicas)
@@ -436,15 +429,8 @@ class RedisBackend(Backend):
     def lock_release(
         self, lock: Any, token: str, depth: int, mode: str = "release", *, bounded: bool = False
     ) -> int:
-        argv = (
-            token,
-            depth,
-            int(settings.WAKE_SIGNAL_TTL * 1000),
-            lock._ttl_ms,
-            RELEASED_KEPT,
-            mode,
-        )
-        prepared = _prepared(lock)
+        argv = release_argv(token, depth, lock._ttl_ms, mode)
+        prepared = prepared_for(lock)
         return self._eval(
             scripts.LOCK_RELEASE, prepared.release_keys, argv, bounded, prepared.release_head
         )
@@ -572,14 +558,14 @@ _PLAIN_CLIENT = redis.Redis
 
 class CommandHead:
     """``EVALSHA sha numkeys key...`` of one script on fixed KEYS, packed once in the
-    wire format (RESP): a call packs only its ARGV (``argc`` of them) after it."""
+    wire format (RESP); a call packs only its ARGV after it."""
 
-    __slots__ = ("argc", "data")
+    __slots__ = ("count", "data")
 
-    def __init__(self, sha: str, keys: Sequence[str], argc: int) -> None:
-        self.argc = argc
+    def __init__(self, sha: str, keys: Sequence[str]) -> None:
         fixed = (b"EVALSHA", sha.encode(), str(len(keys)).encode(), *(k.encode() for k in keys))
-        self.data = b"*%d\r\n" % (len(fixed) + argc) + b"".join(_bulk(item) for item in fixed)
+        self.count = len(fixed)
+        self.data = b"".join(_bulk(item) for item in fixed)
 
 
 def _bulk(data: bytes) -> bytes:
@@ -596,9 +582,10 @@ def _evalsha_once(
     pool = client.connection_pool
     conn = pool.get_connection()
     try:
-        if head is not None and len(argv) == head.argc and conn.encoder.encoding == "utf-8":
+        if head is not None and conn.encoder.encoding == "utf-8":  # (the head's encoding)
             encode = conn.encoder.encode
-            conn.send_packed_command([head.data + b"".join(_bulk(encode(a)) for a in argv)])
+            size = b"*%d\r\n" % (head.count + len(argv))
+            conn.send_packed_command([size + head.data + b"".join(_bulk(encode(a)) for a in argv)])
         else:
             conn.send_command("EVALSHA", sha, len(keys), *keys, *argv)
         return conn.read_response()
@@ -622,21 +609,23 @@ class _Prepared:
     def __init__(self, lock: Any) -> None:
         self.acquire_keys = acquire_keys(lock.keys)
         self.release_keys = release_keys(lock.keys)
-        self.acquire_head = CommandHead(scripts.LOCK_ACQUIRE.sha, self.acquire_keys, 6)
-        self.release_head = CommandHead(scripts.LOCK_RELEASE.sha, self.release_keys, 6)
+        self.acquire_head = CommandHead(scripts.LOCK_ACQUIRE.sha, self.acquire_keys)
+        self.release_head = CommandHead(scripts.LOCK_RELEASE.sha, self.release_keys)
         self.caller, self.watchdog = lock.caller, lock.watchdog
         self.identity = process_identity()
         self.holder = holder_argv(lock.caller, lock.watchdog)
 
-    def describe(self) -> str:
-        """ARGV[5] of lock_acquire.lua: the calling thread, then the fixed part."""
+    def holder_part(self) -> str:
+        """:func:`holder_argv` of this lock, made once per process."""
         identity = process_identity()
         if identity != self.identity:
             self.identity, self.holder = identity, holder_argv(self.caller, self.watchdog)
-        return f"{_field(thread_name())}\n{self.holder}"
+        return self.holder
 
 
-def _prepared(lock: Any) -> _Prepared:
+def prepared_for(lock: Any) -> _Prepared:
+    """The lock's :class:`_Prepared`, kept on the lock (made again when its caller or
+    watchdog flag changed)."""
     prepared = lock.__dict__.get("_redis_prepared")
     if prepared is None or prepared.caller is not lock.caller or prepared.watchdog != lock.watchdog:
         prepared = lock.__dict__["_redis_prepared"] = _Prepared(lock)

@@ -80,8 +80,8 @@ from .redis import (
     acquire_argv,
     acquire_keys,
     extend_keys,
-    holder_argv,
     lock_info,
+    prepared_for,
     release_argv,
     release_keys,
     token_of,
@@ -273,7 +273,7 @@ class RedLockBackend(Backend):
         self, lock: Any, token: str, depth: int, waited: bool, *, bounded: bool = False
     ) -> Attempt:
         keys = lock.keys
-        holder = holder_argv(lock.caller, lock.watchdog)
+        holder = prepared_for(lock).holder_part()
         argv = (*acquire_argv(token, lock._ttl_ms, depth, holder, waited), "counter")
         started = time.monotonic()
         replies = self._all(_script_command(scripts.LOCK_ACQUIRE, acquire_keys(keys), argv))
