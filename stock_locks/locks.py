@@ -25,7 +25,7 @@ are the operator's tools (the dashboard and ``manage.py release_locks`` use
 them); none of these adds anything to an acquire or a release.
 
 Every call is safe to repeat. A release remembers the released token (the
-last few per lock name, for about one lease), so a release repeated after a
+last few per lock name, for up to one lease), so a release repeated after a
 lost reply reports success, and an acquire whose caller gave up (an error or an interrupt
 mid-round-trip) is given back by one bounded round trip that also makes a late
 copy of that try be refused when it lands.
@@ -266,7 +266,7 @@ class Lock(LeaseGuard):
     the same hold: whichever releases first frees the lock, and a later
     ``release()`` by another of them is recognised as already released (no
     error) while Redis remembers the token (the last ``RELEASED_KEPT``
-    releases of the name, for about one lease), after that it raises
+    releases of the name, for up to one lease), after that it raises
     :class:`LockNotOwned`; their ``extend()`` raises :class:`LockNotOwned`.
     The giving side should call ``hand_off()`` (no round trip): it returns the
     token, stops this process's renewals of it, and makes this object's later
@@ -456,7 +456,7 @@ class Lock(LeaseGuard):
 
         Safe to repeat: a release that ran but whose reply was lost reports
         success, since the backend remembers the last ``RELEASED_KEPT``
-        released tokens of a lock name (for about one lease). A lost reply is
+        released tokens of a lock name (for up to one lease). A lost reply is
         followed by one repeat bounded by ``GIVE_BACK_TIMEOUT``; when that
         fails too, :class:`~stock_locks.exceptions.BackendUnavailable`
         propagates and this owner still holds the lock (call ``release()``

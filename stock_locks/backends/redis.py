@@ -154,8 +154,8 @@ def acquire_argv(token: str, ttl_ms: int, depth: int, holder: str, waited: bool)
 
 
 def release_argv(token: str, depth: int, ttl_ms: int, mode: str = "release") -> tuple:
-    """ARGV of ``lock_release.lua``: released tokens are remembered for ``ttl_ms``
-    (the lock's lease); ``mode`` is release, abandon or force."""
+    """ARGV of ``lock_release.lua``: the list of released tokens lives ``ttl_ms`` (the
+    lock's lease) from its creation; ``mode`` is release, abandon or force."""
     wake_ms = int(settings.WAKE_SIGNAL_TTL * 1000)
     return (token, depth, wake_ms, ttl_ms, RELEASED_KEPT, mode)
 

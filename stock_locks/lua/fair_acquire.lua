@@ -32,7 +32,7 @@
 -- wake_due), so a permit freed by an ended lease goes to the next waiter when
 -- that lease ends, whoever was ahead of it meanwhile.
 -- Returns {2}, changing nothing, when the id was given back (see
--- sem_release.lua): this call is a late copy of a try whose caller moved on.
+-- fair_release.lua): this call is a late copy of a try whose caller moved on.
 -- Returns {1} when granted, also when the id already holds a permit (its lease
 -- is renewed), so a retried call whose reply was lost gets the same answer.
 -- Returns {0, wait, rank, ticket} when queued at rank (0 = head): sleep until

@@ -34,70 +34,62 @@
 -- an older snapshot (whose counter is behind), so the counter may expire.
 -- With ARGV[7] 'counter' it is last fence + 1, and the clock only when the
 -- counter is missing: RedLock's masters then agree on the fence of a grant, and
--- its client needs no second round trip to make them agree (backends/redlock.py).
+-- its client usually needs no second round trip to make them agree (lock_fence.lua
+-- when they disagree; backends/redlock.py).
 local now = redis.call('TIME')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
-if ARGV[3] == '0' then
-  if redis.call('LPOS', KEYS[5], ARGV[1]) then
-    return {3}
+if ARGV[3] == '0' and redis.call('LPOS', KEYS[5], ARGV[1]) then
+  return {3}
+end
+local record = redis.call('GET', KEYS[1])
+if not record then
+  if ARGV[3] ~= '0' then
+    return {2}
   end
-  -- The fence comes first, so that the grant is one SET of the whole record.
+  -- Free: a fresh grant. The fence comes first, so that the grant is one SET of the
+  -- whole record (a refused try never touches the counter).
   local fence = now[1] .. string.format('%06d', now[2])
-  local last, previous
   if ARGV[7] == 'counter' then
-    last = redis.call('GET', KEYS[2])
+    local last = redis.call('GET', KEYS[2])
     if last then
       fence = string.format('%d', tonumber(last) + 1)
     end
+    redis.call('SET', KEYS[2], fence, 'PX', ARGV[6])
   else
     -- The clock is almost always ahead: write it, and look at what was there.
-    last = redis.call('SET', KEYS[2], fence, 'PX', ARGV[6], 'GET')
-    previous = last or false
+    local last = redis.call('SET', KEYS[2], fence, 'PX', ARGV[6], 'GET')
     if last and tonumber(last) >= tonumber(fence) then
       fence = string.format('%d', tonumber(last) + 1)
-    else
-      last = nil  -- the counter already holds this fence
-    end
-  end
-  local record = ARGV[1] .. '\n' .. fence .. '\n1\n' .. ARGV[2] .. '\n' .. now_ms .. '\n' .. ARGV[5]
-  if redis.call('SET', KEYS[1], record, 'NX', 'PX', ARGV[2]) then
-    if last or ARGV[7] == 'counter' then
       redis.call('SET', KEYS[2], fence, 'PX', ARGV[6])
     end
-    if ARGV[4] == '1' then
-      redis.call('SET', KEYS[3], 1, 'PX', ARGV[2])
-    end
-    redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[2]), KEYS[1])
-    if now[2] % 64 == 0 then
-      -- Now and then, drop the entries of leases that ended without a release.
-      redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_ms)
-    end
-    return {1, tonumber(fence), 1}
   end
-  if previous then
-    -- Not granted: put the counter back as it was (it holds the last grant's fence).
-    redis.call('SET', KEYS[2], previous, 'PX', ARGV[6])
-  elseif previous == false then
-    redis.call('DEL', KEYS[2])
+  redis.call('SET', KEYS[1],
+    ARGV[1] .. '\n' .. fence .. '\n1\n' .. ARGV[2] .. '\n' .. now_ms .. '\n' .. ARGV[5],
+    'PX', ARGV[2])
+  if ARGV[4] == '1' then
+    redis.call('SET', KEYS[3], 1, 'PX', ARGV[2])
   end
+  redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[2]), KEYS[1])
+  if now[2] % 64 == 0 then
+    -- Now and then, drop the entries of leases that ended without a release.
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_ms)
+  end
+  return {1, tonumber(fence), 1}
 end
-local record = redis.call('GET', KEYS[1])
-if record then
-  local cut = string.find(record, '\n', 1, true)
-  if (cut and string.sub(record, 1, cut - 1) or record) == ARGV[1] then
-    -- Held by this token: a re-entry, or a repeated try. Same fence, one hold more.
-    local fence, _, rest = string.match(record, '^[^\n]*\n([^\n]*)\n([^\n]*)\n(.*)$')
-    if not fence then  -- a record without the holder's fields
-      fence = redis.call('GET', KEYS[2]) or '0'
-      rest = ARGV[2] .. '\n' .. now_ms .. '\n' .. ARGV[5]
-    end
-    local count = tonumber(ARGV[3]) + 1
-    redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. fence .. '\n' .. count .. '\n' .. rest,
-      'PX', ARGV[2])
-    redis.call('PEXPIRE', KEYS[3], ARGV[2])
-    redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[2]), KEYS[1])
-    return {1, tonumber(fence), count}
+local cut = string.find(record, '\n', 1, true)
+if (cut and string.sub(record, 1, cut - 1) or record) == ARGV[1] then
+  -- Held by this token: a re-entry, or a repeated try. Same fence, one hold more.
+  local fence, _, rest = string.match(record, '^[^\n]*\n([^\n]*)\n([^\n]*)\n(.*)$')
+  if not fence then  -- a record without the holder's fields
+    fence = redis.call('GET', KEYS[2]) or '0'
+    rest = ARGV[2] .. '\n' .. now_ms .. '\n' .. ARGV[5]
   end
+  local count = tonumber(ARGV[3]) + 1
+  redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. fence .. '\n' .. count .. '\n' .. rest,
+    'PX', ARGV[2])
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+  redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[2]), KEYS[1])
+  return {1, tonumber(fence), count}
 end
 if ARGV[3] ~= '0' then
   return {2}
