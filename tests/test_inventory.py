@@ -24,6 +24,7 @@ from stock_locks.stock.sweeper import sweep
 from tests.inventory.models import INVENTORY, Item
 from tests.support.fault_proxy import FaultProxy
 from tests.support.processes import run_in_processes, start_process
+from tests.support.waiting import wait_until
 
 STRATEGIES = ["lua", "watch", "lock", "db_row_lock", "db_conditional"]
 
@@ -183,12 +184,16 @@ def test_reconcile_during_a_sale_never_reports_drift_that_is_not_there(inventory
     sellers = [start_process(_sell_slowly, i, 150) for i in range(3)]
     samples = []
     try:
+        # (the sellers take a moment to start: measure once they sell, not before)
+        wait_until(lambda: Reservation.objects.filter(order_ref__startswith="slow-").exists(),
+                   what="the sale to start")  # fmt: skip
         while any(p.is_alive() for p in sellers) and len(samples) < 40:
             samples.append({row.sku: row for row in measure()})
     finally:
         for p in sellers:
             p.join(60)
-    assert len(samples) >= 3  # measured while the sale ran
+    # Measured, settled, while the sale had moved the table: drift was really looked at.
+    assert any(s["WIDGET"].settled and s["WIDGET"].db < 400 for s in samples), samples
     for sample in samples:
         assert all(row.drift == 0 for row in sample.values()), sample
         assert sample["QUIET"].settled  # a SKU nobody sells is measured, not "moving"

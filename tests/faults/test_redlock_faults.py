@@ -21,6 +21,7 @@ from stock_locks.keys import lock_keys
 from tests.inventory.models import Item
 from tests.settings import redlock_backend
 from tests.support.processes import run_in_processes
+from tests.support.waiting import wait_until
 
 
 def _held_on(servers, name: str) -> list:
@@ -125,12 +126,11 @@ def test_sections_never_overlap_and_fences_rise_while_a_master_is_killed(redlock
     def kill_one_master() -> None:
         key = lock_keys(name).fence  # once the processes are contending
         client = redlock[1].client()
-        while not client.exists(key):
-            time.sleep(0.001)
+        wait_until(lambda: client.exists(key), interval=0.001, what="the processes contending")
         redlock[1].kill()
         killed.set()
 
-    chaos = threading.Thread(target=kill_one_master)
+    chaos = threading.Thread(target=kill_one_master, daemon=True)
     chaos.start()
     results = run_in_processes(_record_sections, 3, name)
     chaos.join()
