@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .fault_processes import is_stopped
 from .processes import child_environment
 from .waiting import wait_until
 
@@ -76,8 +77,7 @@ class CeleryProcess:
 
     def stopped(self) -> bool:
         """True while the process is stopped (SIGSTOP), by anyone, itself included."""
-        stat = Path(f"/proc/{self.process.pid}/stat").read_text()
-        return stat.rpartition(")")[2].split()[0] == "T"
+        return self.process is not None and is_stopped(self.process.pid)
 
     def kill(self) -> None:
         if self.process and self.process.poll() is None:
