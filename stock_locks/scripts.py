@@ -9,6 +9,7 @@ needs no preparation. An asyncio client can run the same source through
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
@@ -16,10 +17,18 @@ from typing import Any
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
+# A line "-- include <file>.lua" is replaced by that file of lua/ when loading, so
+# Lua shared by several scripts is written once; each script stays one EVALSHA.
+_INCLUDE = re.compile(rb"^-- include (\w+\.lua)\n", re.MULTILINE)
+
+
+def _read(filename: str) -> bytes:
+    return resources.files(__package__).joinpath("lua", filename).read_bytes()
+
 
 def load(name: str) -> Script:
-    """The script in ``lua/<name>.lua``."""
-    source = resources.files(__package__).joinpath("lua", f"{name}.lua").read_bytes()
+    """The script in ``lua/<name>.lua``, its includes expanded."""
+    source = _INCLUDE.sub(lambda match: _read(match[1].decode()), _read(f"{name}.lua"))
     return Script(None, source)  # type: ignore[arg-type]  # every call passes client=
 
 

@@ -39,30 +39,7 @@ local function remember()
   end
 end
 
--- As in fair_acquire.lua: wake each waiter among the first `limit` whose turn
--- can now come before its planned next try, and keep its place a grace from now.
-local function wake_due()
-  local line = redis.call('ZRANGE', queue, 0, limit - 1)
-  if #line == 0 then
-    return
-  end
-  local ends = redis.call('ZRANGE', holders, 0, -1, 'WITHSCORES')
-  local free = limit - #ends / 2
-  for rank = 0, #line - 1 do
-    local waiter = line[rank + 1]
-    local due = now
-    if rank >= free then
-      due = tonumber(ends[2 * (rank - free) + 2]) + 1
-    end
-    local place = tonumber(redis.call('ZSCORE', alive, waiter) or 0)
-    if due < place - grace then
-      redis.call('RPUSH', wake .. waiter, 1)
-      redis.call('LTRIM', wake .. waiter, 0, 0)
-      redis.call('PEXPIRE', wake .. waiter, grace)
-      redis.call('ZADD', alive, now + grace, waiter)
-    end
-  end
-end
+-- include _fair_queue.lua
 
 local repeated = false
 if gone then
@@ -81,15 +58,7 @@ end
 redis.call('ZREM', queue, id)
 redis.call('ZREM', alive, id)
 redis.call('DEL', wake .. id)
-for _, ended in ipairs(redis.call('ZRANGEBYSCORE', holders, '-inf', now)) do
-  redis.call('ZREM', holders, ended)
-  redis.call('HDEL', meta, ended)
-end
-for _, lapsed in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', now)) do
-  redis.call('ZREM', alive, lapsed)
-  redis.call('ZREM', queue, lapsed)
-  redis.call('DEL', wake .. lapsed)
-end
+sweep()
 wake_due()
 
 if redis.call('EXISTS', holders, queue) == 0 then
