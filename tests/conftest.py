@@ -8,6 +8,9 @@
 - ``use_redis``: point stock_locks at another server for one test.
 - ``redlock``: the ``"redlock"`` backend over three private masters (flushed, and
   restarted when a test killed one), for this test and the processes it spawns.
+- ``cluster_client``: a ``RedisCluster`` client (bytes replies) of the test
+  process's shared Redis Cluster (3 masters), flushed; tests/cluster/conftest.py
+  has its own (str replies).
 
 Tests under a ``faults/`` directory (tests/faults, tests/demo/faults) are marked ``faults``.
 """
@@ -114,3 +117,15 @@ def redlock(redlock_servers: list[RedisServer]) -> Iterator[list[RedisServer]]:
             yield redlock_servers
     finally:
         del os.environ["STOCK_LOCKS_REDLOCK_URLS"]
+
+
+@pytest.fixture
+def cluster_client():
+    """A client of the test process's shared Redis Cluster (3 masters), flushed."""
+    from tests.support.redis_cluster import shared_cluster  # started on first use only
+
+    cluster = shared_cluster()
+    cluster.flushall()
+    client = cluster.client()
+    yield client
+    client.close()

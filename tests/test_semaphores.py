@@ -24,15 +24,10 @@ from stock_locks import FairSemaphore, Semaphore, limit_concurrency
 from stock_locks.exceptions import LockError, LockNotOwned, LockTimeout, RedisUnavailable
 from stock_locks.semaphores import NO_BOUND, gone_key, semaphore_state
 from tests.support.processes import event, run_in_processes, start_process
-from tests.support.redis_stats import blocked_clients, commandstats
+from tests.support.redis_stats import blocked_clients, commandstats, redis_ms
 from tests.support.waiting import TIMEOUT, wait_until
 
 KINDS = pytest.mark.parametrize("kind", [Semaphore, FairSemaphore], ids=["plain", "fair"])
-
-
-def server_ms(client) -> int:
-    seconds, micros = client.time()
-    return seconds * 1000 + micros // 1000
 
 
 def unbounded_client(redis_server) -> redis.Redis:
@@ -63,7 +58,7 @@ def test_grant_stores_holder_metadata_and_the_limit_with_one_lease(kind, redis_c
     assert sem.acquire()
     entries = redis_client.zrange("sl:sem:{exports}", 0, -1, withscores=True)
     assert [member.decode() for member, _ in entries] == [sem.id]
-    assert 15_000 < entries[0][1] - server_ms(redis_client) <= 20_000  # the Redis clock
+    assert 15_000 < entries[0][1] - redis_ms(redis_client) <= 20_000  # the Redis clock
     meta = redis_client.hgetall("sl:sem:{exports}:meta")
     assert meta[b"limit"] == b"3"
     assert json.loads(meta[sem.id.encode()])["pid"] == os.getpid()
@@ -79,7 +74,7 @@ def test_grant_stores_holder_metadata_and_the_limit_with_one_lease(kind, redis_c
         "test_grant_stores_holder_metadata_and_the_limit_with_one_lease"
     )
     assert second["caller"] == "shop.reports"
-    assert abs(first["acquired_at"] - server_ms(redis_client) / 1000) < 5
+    assert abs(first["acquired_at"] - redis_ms(redis_client) / 1000) < 5
     assert 15 < first["remaining"] <= 20 and 55 < second["remaining"] <= 60
     state = semaphore_state("exports")
     assert state["limit"] == 3 and state["waiting"] == 0
@@ -210,7 +205,7 @@ def test_refresh_extends_a_live_lease_and_refuses_an_ended_one(kind, redis_clien
     sem.refresh()  # back to its own ttl
     assert 0 < sem.holders()[0]["remaining"] <= 2
     # The lease ends on the Redis clock; nobody has reaped it yet, and it must not revive.
-    ended = server_ms(redis_client) - 1
+    ended = redis_ms(redis_client) - 1
     redis_client.zadd("sl:sem:{ref}", {sem.id: ended})
     with pytest.raises(LockNotOwned):
         sem.refresh(60)
@@ -408,7 +403,7 @@ def _woken(client, name: str, waiter: FairSemaphore) -> bool:
 
 def _end_lease(client, name: str, holder: Semaphore) -> None:
     """Make ``holder``'s lease end now on the Redis clock (nobody reaps it yet)."""
-    client.zadd(f"sl:sem:{{{name}}}", {holder.id: server_ms(client) - 1})
+    client.zadd(f"sl:sem:{{{name}}}", {holder.id: redis_ms(client) - 1})
 
 
 def test_a_lapsed_lease_hands_the_permit_on_down_the_line_without_idle_time(redis_client):
@@ -430,7 +425,7 @@ def test_a_lapsed_lease_hands_the_permit_on_down_the_line_without_idle_time(redi
     lease_end = redis_client.zscore("sl:sem:{relay}", first.id)
     # ...and, its own lease being 1 s, the waiter behind is told to look again now.
     assert _woken(redis_client, "relay", second)
-    before = server_ms(redis_client)
+    before = redis_ms(redis_client)
     attempt = second.do_acquire(NO_BOUND)
     assert (
         not attempt.granted and attempt.wait * 1000 <= lease_end - before + 1

@@ -21,6 +21,7 @@ from stock_locks.stock.expiry import EXPIRE_TASK, expire_reservation, item_id
 from stock_locks.stock.reconcile import measure, repair
 from stock_locks.stock.sweeper import sweep
 from tests.inventory.models import Item
+from tests.support.redis_stats import redis_ms
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,11 +30,6 @@ STRATEGIES = ["lua", "watch", "lock", "db_row_lock", "db_conditional"]
 
 def stock_of(sku: str) -> int:
     return Item.objects.get(code=sku).on_hand
-
-
-def redis_ms(client) -> int:
-    seconds, micros = client.time()
-    return seconds * 1000 + micros // 1000
 
 
 def due_now(order_ref: str) -> None:

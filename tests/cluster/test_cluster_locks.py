@@ -23,7 +23,7 @@ from stock_locks.backends import get_backend
 from stock_locks.connection import get_redis
 from stock_locks.locks import force_release, inspect, release_held_by
 from tests.support.redis_cluster import RedisClusterServers
-from tests.support.redis_stats import blocked_clients
+from tests.support.redis_stats import blocked_clients, redis_ms
 from tests.support.waiting import TIMEOUT, wait_until
 from tests.test_lock_api import (  # noqa: F401  (collected here: they run on the cluster)
     test_a_repeated_force_release_is_recognised_and_the_holder_still_told,
@@ -93,8 +93,7 @@ def test_the_held_locks_index_of_every_slot_is_read_on_every_master(redis_cluste
     granted_ms = {name: inspect(name).acquired_at.timestamp() * 1000 for name in names}
 
     def renewed() -> bool:
-        seconds, micros = get_redis().time()
-        now_ms = seconds * 1000 + micros // 1000
+        now_ms = redis_ms(get_redis())
         assert all(inspect(name) for name in names), "a lease ran out"
         return all(now_ms > granted_ms[name] + 2000 for name in names)
 

@@ -26,6 +26,7 @@ from redis.retry import Retry
 from stock_locks import DelayQueue, scripts
 from tests.delayapp.delay_handlers import COUNT_TASK, COUNTS, HANGING, RELEASE
 from tests.support.celery_processes import CeleryProcess, celery_environment
+from tests.support.redis_stats import redis_ms
 from tests.support.waiting import wait_until
 
 QUEUE = "faults"
@@ -82,8 +83,7 @@ def schedule_batch(
     """Items ``start``..``start+n-1``, all due now: a claim takes them in that order
     (equal scores sort by id). ``hang`` (with ``stop``: and SIGSTOP its drainer) is
     the item whose first delivery blocks."""
-    seconds, micros = redis_client.time()
-    eta = dt.datetime.fromtimestamp((seconds * 1000 + micros // 1000) / 1000, dt.UTC)
+    eta = dt.datetime.fromtimestamp(redis_ms(redis_client) / 1000, dt.UTC)
     for i in range(start, start + n):
         payload = {"n": i, "hang": i == hang, "stop": stop and i == hang}
         queue.schedule(COUNT_TASK, payload, eta=eta, id=f"item-{i:03d}")

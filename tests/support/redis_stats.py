@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import redis
+
 
 def commandstats(client) -> dict[str, int]:
     """Calls per command (``cmdstat_<name>``) since the last CONFIG RESETSTAT."""
@@ -11,3 +13,21 @@ def commandstats(client) -> dict[str, int]:
 def blocked_clients(client) -> int:
     """Clients blocked in a blocking command (BLPOP) right now."""
     return client.info("clients")["blocked_clients"]
+
+
+def redis_ms(client) -> int:
+    """The Redis clock (TIME) in epoch ms, truncated as the library's scripts do."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+class CountingConnection(redis.Connection):
+    """A real connection that counts the replies it reads (one per round trip).
+
+    Reset ``CountingConnection.replies`` to 0 before the calls a test counts."""
+
+    replies = 0
+
+    def read_response(self, *args, **kwargs):
+        CountingConnection.replies += 1
+        return super().read_response(*args, **kwargs)

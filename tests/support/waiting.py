@@ -28,3 +28,22 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+def renewed(pttl: Callable[[], int], what: str = "the lease", timeout: float = TIMEOUT) -> int:
+    """Wait for one renewal of a lease: ``pttl()`` (its PTTL in ms) rises from one
+    reading to the next. Returns the PTTL it rose to.
+
+    Fails at once when the lease ran out (a PTTL not above 0: -2 gone, -1 no
+    expiry), and after ``timeout`` seconds when it was never renewed.
+    """
+    last = pttl()
+
+    def rose() -> int:
+        nonlocal last
+        now = pttl()
+        assert now > 0, f"{what} ran out (PTTL {now}): nobody renewed it"
+        risen, last = now > last, now
+        return now if risen else 0
+
+    return wait_until(rose, timeout, interval=0.01, what=f"a renewal of {what}")
