@@ -38,7 +38,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 
 import redis
@@ -104,16 +103,6 @@ SEEN = bytearray()  # handled count per item number, reset before every run
 
 def noop(payload: int) -> None:
     SEEN[payload] += 1
-
-
-class CountingConnection(redis.Connection):
-    """Counts replies read: client round trips, as nothing here pipelines while timed."""
-
-    replies = 0
-
-    def read_response(self, *args, **kwargs):
-        CountingConnection.replies += 1
-        return super().read_response(*args, **kwargs)
 
 
 def seed(client: redis.Redis, keys, n: int) -> None:
@@ -196,11 +185,6 @@ def contenders(args) -> dict[str, tuple[Callable, int, str]]:
     return out
 
 
-def server_cpu(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return info["used_cpu_user"] + info["used_cpu_sys"]
-
-
 def one_run(server, client, admin, queue, func, batch, kind, n) -> dict:
     """Flush, seed n items, drain them with ``func`` (timed), check, return the numbers."""
     global SEEN
@@ -208,15 +192,15 @@ def one_run(server, client, admin, queue, func, batch, kind, n) -> dict:
     seed(admin, queue.keys, n)
     SEEN = bytearray(n)
     admin.config_resetstat()
-    cpu_before = server_cpu(admin)
-    CountingConnection.replies = 0
+    cpu_before = support.server_cpu(admin)
+    support.CountingConnection.replies = 0
     client_cpu = time.process_time()
     start = time.perf_counter()
     done = func(queue, batch)
     elapsed = time.perf_counter() - start
     client_cpu = time.process_time() - client_cpu
-    trips = CountingConnection.replies
-    server_used = server_cpu(admin) - cpu_before
+    trips = support.CountingConnection.replies
+    server_used = support.server_cpu(admin) - cpu_before
     stats = admin.info("commandstats")
     commands = sum(
         v["calls"]
@@ -339,7 +323,7 @@ def drain_part(server, args) -> tuple[list[str], dict]:
 
     handler(NOOP_TASK)(noop)
     pool = redis.ConnectionPool(
-        host="127.0.0.1", port=server.port, connection_class=CountingConnection
+        host="127.0.0.1", port=server.port, connection_class=support.CountingConnection
     )
     client = redis.Redis(connection_pool=pool)
     admin = server.client()
@@ -581,9 +565,12 @@ def lateness_workload(client, queue, n: int, spread: float, key: str, rng: rando
 
 
 def lateness_part(server, args, db_url: str) -> tuple[list[str], dict]:
+    from django.conf import settings
+
     from stock_locks.delayqueue import DelayQueue
 
-    client = server.client()
+    # The Redis database the drainers use: stock_locks' cache alias (db 1 of the server).
+    client = redis.Redis.from_url(settings.CACHES["stock_locks"]["LOCATION"])
     queues = {"beat": DelayQueue(BEAT_QUEUE, redis=client),
               "runner": DelayQueue(RUNNER_QUEUE, redis=client)}  # fmt: skip
     labels = {
@@ -690,21 +677,14 @@ def lateness_part(server, args, db_url: str) -> tuple[list[str], dict]:
 # -- report --------------------------------------------------------------------------------
 
 
-def version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "?"
-
-
 def header(client, db_url: str | None) -> list[str]:
+    redis_py, celery, django = map(support.dist_version, ("redis", "celery", "Django"))
     parser = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python"
     lines = [
         f"Delay queue benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         f"redis-server {support.redis_version(client)} (private, 127.0.0.1); "
         f"Python {platform.python_version()} on {platform.machine()}; {os.cpu_count()} CPUs",
-        f"redis-py {version('redis')} ({parser} parser), Celery {version('celery')}, "
-        f"Django {version('Django')}",
+        f"redis-py {redis_py} ({parser} parser), Celery {celery}, Django {django}",
     ]
     if db_url:
         lines.append(f"Database of the subprocesses: {db_url}")
@@ -732,13 +712,9 @@ def targets(drain: dict | None, late: dict | None) -> list[str]:
     return lines
 
 
-def load_average() -> str:
-    return "/".join(f"{x:.1f}" for x in os.getloadavg())
-
-
 def main(argv: list[str]) -> str:
     args = parse_args(argv)
-    load_before = load_average()
+    load_before = support.load_average()
     db_url = args.database_url if "lateness" in args.parts else None
     created = support.ensure_database(db_url) if db_url else False
     with support.private_redis() as server:
@@ -763,11 +739,7 @@ def main(argv: list[str]) -> str:
             part, late_summary = lateness_part(server, args, db_url)
             lines += [""] + part
         lines += [""] + targets(drain_summary, late_summary)
-        lines += [
-            "",
-            f"Load average (1/5/15 min) at start {load_before}, at end {load_average()} "
-            f"({os.cpu_count()} CPUs, shared machine): compare within a run, not across runs.",
-        ]
+        lines += ["", support.load_line(load_before)]
     return "\n".join(lines)
 
 

@@ -35,7 +35,6 @@ import time
 from bisect import bisect_right
 from collections import Counter
 from datetime import UTC, datetime
-from importlib import metadata
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -142,16 +141,6 @@ def make_lock(kind: str, client: redis.Redis):
     return lock.acquire, lock.release
 
 
-class CountingConnection(redis.Connection):
-    """Counts replies read, i.e. client round trips when nothing is pipelined."""
-
-    replies = 0
-
-    def read_response(self, *args, **kwargs):
-        CountingConnection.replies += 1
-        return super().read_response(*args, **kwargs)
-
-
 def client_for(server, connection_class=redis.Connection) -> redis.Redis:
     pool = redis.ConnectionPool(
         host="127.0.0.1", port=server.port, connection_class=connection_class
@@ -179,21 +168,11 @@ def timed_cycles(acquire, release, seconds: float) -> float:
             return cycles / (now - start)
 
 
-def server_cpu(client) -> float:
-    info = client.info("cpu")
-    return info["used_cpu_user"] + info["used_cpu_sys"]
-
-
-def rotated(kinds: tuple[str, ...], r: int) -> tuple[str, ...]:
-    """``kinds`` starting at the ``r``-th: each round starts with another contender."""
-    return kinds[r % len(kinds) :] + kinds[: r % len(kinds)]
-
-
 def counted_cycles(server, cycles: int, chunks: int) -> dict[str, dict]:
     """Per contender and cycle: client round trips, server commands (total and by name),
     client CPU and redis-server CPU in microseconds (median of ``chunks`` interleaved
     chunks). ``cycles`` cycles each; one counting connection for all."""
-    client = client_for(server, CountingConnection)
+    client = client_for(server, support.CountingConnection)
     locks = {kind: make_lock(kind, client) for kind in UNCONTENDED}
     out = {
         kind: {"replies": 0, "by_name": Counter(), "client_us": [], "server_us": []}
@@ -201,30 +180,27 @@ def counted_cycles(server, cycles: int, chunks: int) -> dict[str, dict]:
     }
     per_chunk = max(1, cycles // chunks)
     for r in range(-1, chunks):  # round -1 is the warm-up: connect, load scripts
-        for kind in rotated(UNCONTENDED, r):
+        for kind in support.rotated(UNCONTENDED, r):
             acquire, release = locks[kind]
             client.flushall()
             client.config_resetstat()
-            server_before = server_cpu(client)
-            CountingConnection.replies = 0
+            server_before = support.server_cpu(client)
+            support.CountingConnection.replies = 0
             client_before = time.process_time()
             for _ in range(per_chunk):
                 acquire()
                 release()
             client_used = time.process_time() - client_before
-            replies = CountingConnection.replies
-            server_used = server_cpu(client) - server_before
-            stats = client.info("commandstats")
+            replies = support.CountingConnection.replies
+            server_used = support.server_cpu(client) - server_before
+            calls = support.command_calls(client)
             if r < 0:
                 continue
             entry = out[kind]
             entry["replies"] += replies
             entry["client_us"].append(client_used / per_chunk * 1e6)
             entry["server_us"].append(server_used / per_chunk * 1e6)
-            for key, value in stats.items():
-                name = key.removeprefix("cmdstat_")
-                if name.split("|")[0] not in ("config", "info"):  # our RESETSTAT and INFO
-                    entry["by_name"][name] += value["calls"]
+            entry["by_name"].update(calls)
     client.flushall()
     client.close()
     counted = per_chunk * chunks
@@ -250,7 +226,7 @@ def uncontended(server, args) -> list[str]:
     rates: dict[str, list[float]] = {kind: [] for kind in UNCONTENDED}
     support.progress(f"uncontended: {args.segments} rounds")
     for r in range(args.segments):
-        for kind in rotated(UNCONTENDED, r):
+        for kind in support.rotated(UNCONTENDED, r):
             client.flushall()
             rates[kind].append(timed_cycles(*locks[kind], args.seconds / args.segments))
     support.progress("uncontended: counting round trips and commands")
@@ -330,12 +306,6 @@ def uncontended(server, args) -> list[str]:
 # -- b. contended -----------------------------------------------------------------
 
 
-def _busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 def contended_worker(team, url, plan, work_ms, outside_ms, sleep_inside, warmup):
     """One process of the contended test: runs every phase of ``plan`` in step with
     the others and returns, per phase and section, its timestamps (acquire started,
@@ -349,7 +319,7 @@ def contended_worker(team, url, plan, work_ms, outside_ms, sleep_inside, warmup)
     """
     client = redis.Redis.from_url(url)
     pipe = client.pipeline(transaction=False)  # reused: execute() resets it
-    work = time.sleep if sleep_inside else _busy
+    work = time.sleep if sleep_inside else support.busy
     phases = []
     for kind, seconds in plan:
         acquire, release = make_lock(kind, client)
@@ -396,7 +366,7 @@ def contended(server, args) -> list[str]:
     per_phase = args.seconds / args.rounds
     plan = []
     for r in range(args.rounds):
-        plan += [(kind, per_phase) for kind in rotated(CONTENDED, r)]
+        plan += [(kind, per_phase) for kind in support.rotated(CONTENDED, r)]
     support.progress(
         f"contended: {args.processes} processes, {len(plan)} phases of "
         f"{args.warmup:g} s warm-up + {per_phase:.2f} s"
@@ -650,7 +620,7 @@ def waits(server, args) -> list[str]:
     lateness: dict[str, list[float]] = {label: [] for label, _ in sides}
     support.progress(f"waits: {trials} interleaved trials")
     for trial in range(trials):
-        for label, lock_class in rotated(tuple(sides), trial):
+        for label, lock_class in support.rotated(sides, trial):
             client.flushall()
             holder = lock_class("bench:wait", 30, redis=client)
             holder.acquire()
@@ -809,20 +779,14 @@ def profile(server, cycles: int) -> list[str]:
 
 
 def header(client) -> list[str]:
-    def version(dist):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return "?"
-
     parser = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python"
     return [
         f"Lock benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         f"redis-server {support.redis_version(client)} (private, 127.0.0.1); "
         f"Python {platform.python_version()} on {platform.machine()}; "
         f"{os.cpu_count()} CPUs",
-        f"redis-py {version('redis')} ({parser} parser), python-redis-lock "
-        f"{version('python-redis-lock')}, Django {version('Django')}",
+        f"redis-py {support.dist_version('redis')} ({parser} parser), python-redis-lock "
+        f"{support.dist_version('python-redis-lock')}, Django {support.dist_version('Django')}",
     ]
 
 
@@ -846,8 +810,7 @@ def main(argv: list[str]) -> str:
             lines += [""] + waits(server, args)
         if "d" in sections:
             lines += [""] + dashboard(server, args)
-        load = "/".join(f"{x:.1f}" for x in os.getloadavg())
-        lines += ["", f"Load average (1/5/15 min) at the end: {load} (2 CPUs, shared machine)"]
+        lines += ["", support.load_line()]
         if args.profile:
             lines += [""] + profile(server, args.counted_cycles * 5)
     if args.quick:

@@ -47,13 +47,12 @@ import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime
-from importlib import metadata
 from itertools import pairwise
 from typing import Any
 
 import redis
 
-from . import support
+from . import stock, support
 
 NAME = "bench:redlock"  # every contender locks this name (each library adds its own prefix)
 INSIDE = "bench:inside"  # b: processes inside a critical section right now (counter server)
@@ -83,7 +82,6 @@ HOW_THEY_WAIT = {
 }
 REDLOCK_BACKEND = "stock_locks.backends.redlock.RedLockBackend"
 REDIS_BACKEND = "stock_locks.backends.redis.RedisBackend"
-DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/stock_locks_bench"
 TARGET = 1.0  # RedLock x3 / pottery x3 uncontended cycles/s, fencing on
 
 
@@ -174,7 +172,7 @@ class Env:
                 backends[f"redlock{count}-counted"] = {
                     "BACKEND": REDLOCK_BACKEND,
                     "LOCATION": self.urls(count),
-                    "OPTIONS": {"CONNECTION_CLASS": CountingConnection},
+                    "OPTIONS": {"CONNECTION_CLASS": support.CountingConnection},
                 }
         if self.cluster is not None:
             backends["cluster"] = cluster_backend(self.cluster)
@@ -197,18 +195,8 @@ def cluster_backend(cluster: Any) -> dict:
     return {"BACKEND": REDIS_BACKEND, "LOCATION": cluster.url, "OPTIONS": {"CLUSTER": True}}
 
 
-class CountingConnection(redis.Connection):
-    """Counts replies read, i.e. one per command sent (pipelined or not)."""
-
-    replies = 0
-
-    def read_response(self, *args: Any, **kwargs: Any) -> Any:
-        CountingConnection.replies += 1
-        return super().read_response(*args, **kwargs)
-
-
 def master_clients(env: Env, count: int, counting: bool = False) -> list[redis.Redis]:
-    kwargs = {"connection_class": CountingConnection} if counting else {}
+    kwargs = {"connection_class": support.CountingConnection} if counting else {}
     return [redis.Redis.from_url(url, **kwargs) for url in env.urls(count)]
 
 
@@ -222,7 +210,7 @@ def make_lock(kind: str, env: Env, counting: bool = False) -> Any:
             from demo_shop.settings import redis_db
 
             client = redis.Redis.from_url(
-                redis_db(env.master_urls[0], 1), connection_class=CountingConnection
+                redis_db(env.master_urls[0], 1), connection_class=support.CountingConnection
             )
             return Lock(NAME, TTL, redis=client)
         return Lock(NAME, TTL)
@@ -241,11 +229,6 @@ def make_lock(kind: str, env: Env, counting: bool = False) -> Any:
     if kind == "redis-py cluster":
         return env.cluster_admin.lock(NAME, timeout=TTL)
     raise ValueError(kind)
-
-
-def rotated(kinds: tuple[str, ...], r: int) -> tuple[str, ...]:
-    """``kinds`` starting at the ``r``-th: each round starts with another contender."""
-    return kinds[r % len(kinds) :] + kinds[: r % len(kinds)]
 
 
 def paired(a: list[float], b: list[float]) -> list[float]:
@@ -289,7 +272,7 @@ def measure(
     support.progress(f"{what}: {args.segments} rounds of {len(kinds)} contenders")
     per = args.seconds / args.segments
     for r in range(args.segments):
-        for kind in rotated(kinds, r):
+        for kind in support.rotated(kinds, r):
             env.flush()
             rate, cpu = timed_cycles(locks[kind], per)
             out[kind]["rates"].append(rate)
@@ -300,21 +283,14 @@ def measure(
 
 def server_cpu(env: Env) -> float:
     """Seconds of CPU (user + system) every master has used since it started, summed."""
-    total = 0.0
-    for client in env.admin:
-        info = client.info("cpu")
-        total += info["used_cpu_user"] + info["used_cpu_sys"]
-    return total
+    return sum(support.server_cpu(client) for client in env.admin)
 
 
 def server_commands(env: Env) -> Counter:
     """Commands run on every master since its last CONFIG RESETSTAT, by name, summed."""
     total: Counter = Counter()
     for client in env.admin:
-        for key, value in client.info("commandstats").items():
-            name = key.removeprefix("cmdstat_")
-            if name.split("|")[0] not in ("config", "info"):  # ours: RESETSTAT, INFO
-                total[name] += value["calls"]
+        total.update(support.command_calls(client))
     return total
 
 
@@ -335,7 +311,7 @@ def counted(env: Env, kinds: tuple[str, ...], chunks: int, seconds: float) -> di
         for kind in kinds
     }
     for r in range(-1, chunks):  # round -1 is the warm-up: connect, load scripts
-        for kind in rotated(kinds, r):
+        for kind in support.rotated(kinds, r):
             lock = locks[kind]
             env.flush()
             # One cycle first: on masters just emptied the fences proposed (each master's
@@ -347,7 +323,7 @@ def counted(env: Env, kinds: tuple[str, ...], chunks: int, seconds: float) -> di
             cpu_before = server_cpu(env)
             fences: list[int] = []
             cycles = 0
-            CountingConnection.replies = 0
+            support.CountingConnection.replies = 0
             end = time.perf_counter() + seconds
             while time.perf_counter() < end:
                 if not lock.acquire():
@@ -356,7 +332,7 @@ def counted(env: Env, kinds: tuple[str, ...], chunks: int, seconds: float) -> di
                     fences.append(lock.fence)
                 lock.release()
                 cycles += 1
-            replies = CountingConnection.replies
+            replies = support.CountingConnection.replies
             cpu_used = server_cpu(env) - cpu_before
             if r < 0:
                 continue
@@ -388,7 +364,7 @@ def fence_text(kind: str, count: dict) -> str:
     return f"yes: {count['fences']:,} fences {ok}"
 
 
-def uncontended(env: Env, args: argparse.Namespace) -> tuple[list[str], dict]:
+def uncontended(env: Env, args: argparse.Namespace) -> list[str]:
     stats = measure(env, UNCONTENDED, args, "uncontended")
     support.progress("uncontended: counting replies and commands")
     counts = counted(env, UNCONTENDED, args.segments, 0.1 if args.quick else 0.2)
@@ -473,16 +449,10 @@ def uncontended(env: Env, args: argparse.Namespace) -> tuple[list[str], dict]:
             f"  {LABELS[kind]}: {trips:.2f} round trips/cycle (replies per master) <= 2: "
             f"{support.verdict(trips <= 2.005)}"
         )
-    return lines, {"rates": rates, "counts": counts}
+    return lines
 
 
 # -- b. contended -------------------------------------------------------------------------
-
-
-def _busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
 
 
 def contended_worker(team, backends, master_urls, counter_url, plan, work_ms, outside_ms, warmup):
@@ -521,7 +491,7 @@ def contended_worker(team, backends, master_urls, counter_url, plan, work_ms, ou
                 raise RuntimeError(f"{kind}: a blocking acquire returned False")
             if counter.incr(INSIDE) != 1:
                 violations += 1
-            _busy(work_ms / 1000)
+            support.busy(work_ms / 1000)
             counter.decr(INSIDE)
             fence = lock.fence if kind in FENCED else None
             try:
@@ -547,11 +517,11 @@ def contended_worker(team, backends, master_urls, counter_url, plan, work_ms, ou
     return phases
 
 
-def contended(env: Env, args: argparse.Namespace) -> tuple[list[str], dict]:
+def contended(env: Env, args: argparse.Namespace) -> list[str]:
     per_phase = args.contended_seconds / args.rounds
     plan = []
     for r in range(args.rounds):
-        plan += [(kind, per_phase) for kind in rotated(CONTENDED, r)]
+        plan += [(kind, per_phase) for kind in support.rotated(CONTENDED, r)]
     support.progress(
         f"contended: {args.processes} processes, {len(plan)} phases of "
         f"{args.warmup:g} s warm-up + {per_phase:.2f} s"
@@ -676,7 +646,7 @@ def contended(env: Env, args: argparse.Namespace) -> tuple[list[str], dict]:
         f"  RedLock x3 fences strictly increasing in grant order across processes "
         f"({ours['fences']:,} grants): {support.verdict(ours['fence_ok'] and ours['fences'] > 0)}",
     ]
-    return lines, {"stats": stats}
+    return lines
 
 
 # -- c. Redis Cluster ---------------------------------------------------------------------
@@ -734,8 +704,6 @@ def flash_sales(env: Env, args: argparse.Namespace) -> list[str]:
     """The lua flash sale (benchmarks.stock.flash) with the default backend on one Redis
     and on the cluster, one run per side and round, sides interleaved. A side whose run
     raises is reported with where it raised and not run again."""
-    from . import stock
-
     sides = ("one Redis", "cluster")
     options = argparse.Namespace(
         strategies=["lua"],
@@ -747,7 +715,7 @@ def flash_sales(env: Env, args: argparse.Namespace) -> list[str]:
     runs: dict[str, dict[int, Any]] = {side: {} for side in sides}
     failed: dict[str, str] = {}
     for r in range(1, args.flash_rounds + 1):
-        for side in rotated(sides, r - 1):
+        for side in support.rotated(sides, r - 1):
             if side in failed:
                 continue
             backends = env.backends()
@@ -888,7 +856,7 @@ def prepare_database(args: argparse.Namespace) -> tuple[str | None, str]:
     """The flash sale's database URL (created and migrated later), or None with why not."""
     if args.no_flash:
         return None, "not asked for"
-    url = args.database_url or os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    url = args.database_url or stock.database_url()[0]
     try:
         support.ensure_database(url)
     except Exception as exc:
@@ -961,35 +929,26 @@ def profile(env: Env, kind: str, seconds: float) -> list[str]:
 
 
 def header(env: Env) -> list[str]:
-    def version(dist: str) -> str:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return "?"
-
     from stock_locks.backends import redlock
 
+    redis_py, pottery, django = map(support.dist_version, ("redis", "pottery", "Django"))
     parser = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python"
     return [
         f"RedLock and Redis Cluster benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         f"redis-server {support.redis_version(env.admin[0])} (private, 127.0.0.1: "
         f"{MASTERS} independent masters + 1 counter server); Python "
         f"{platform.python_version()} on {platform.machine()}; {os.cpu_count()} CPUs",
-        f"redis-py {version('redis')} ({parser} parser), pottery {version('pottery')}, "
-        f"Django {version('Django')}; RedLockBackend default options (NODE_TIMEOUT "
+        f"redis-py {redis_py} ({parser} parser), pottery {pottery}, "
+        f"Django {django}; RedLockBackend default options (NODE_TIMEOUT "
         f"{redlock.NODE_TIMEOUT:g} s, RETRY_DELAY {redlock.RETRY_DELAY:g} s, CLOCK_DRIFT "
         f"{redlock.CLOCK_DRIFT:g})",
     ]
 
 
-def load_average() -> str:
-    return "/".join(f"{x:.1f}" for x in os.getloadavg())
-
-
 def main(argv: list[str]) -> str:
     args = parse_args(argv)
     sections = set(args.only or "abc")
-    load_before = load_average()
+    load_before = support.load_average()
     db_url, no_db = prepare_database(args) if "c" in sections else (None, "")
     with (
         support.private_redis_servers(MASTERS) as masters,
@@ -1003,11 +962,9 @@ def main(argv: list[str]) -> str:
             if args.quick:
                 lines.append("(--quick smoke run: short measurements, numbers are rough)")
             if "a" in sections:
-                part, _ = uncontended(env, args)
-                lines += [""] + part
+                lines += [""] + uncontended(env, args)
             if "b" in sections:
-                part, _ = contended(env, args)
-                lines += [""] + part
+                lines += [""] + contended(env, args)
             if args.profile:
                 for kind in ("redlock3", "lock1"):
                     lines += [""] + profile(env, kind, 1.0 if args.quick else 3.0)
@@ -1017,18 +974,14 @@ def main(argv: list[str]) -> str:
             if db_url:
                 from django.core.management import call_command
 
-                support.progress(f"migrating {db_url.rsplit('@', 1)[-1]}")
+                support.progress(f"migrating {stock.redacted(db_url)}")
                 call_command("migrate", verbosity=0, interactive=False)
             elif not args.no_flash:
                 args.no_flash = True
                 lines += ["", f"(c2. flash sale skipped: {no_db})"]
             lines += [""] + cluster_part(env, args)
         env.close()
-    lines += [
-        "",
-        f"Load average (1/5/15 min) at start {load_before}, at end {load_average()} "
-        f"({os.cpu_count()} CPUs, shared machine): compare within a run, not across runs.",
-    ]
+    lines += ["", support.load_line(load_before)]
     return "\n".join(lines)
 
 

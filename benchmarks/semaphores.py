@@ -53,6 +53,12 @@ def _kind(name: str):
     return {"fair": FairSemaphore, "plain": Semaphore}[name]
 
 
+def _flushall(server) -> None:
+    """Empty the private redis-server, on a client of its own that is closed after."""
+    with server.client() as client:
+        client.flushall()
+
+
 # -- a. lapsed-lease handoff ------------------------------------------------------
 
 
@@ -85,7 +91,7 @@ def idle_time(grants: list[tuple[int, int]], limit: int) -> tuple[float, list[fl
         return 0.0, []
     window_start, window_end = grants[limit - 1][0], grants[-1][0]
     events = [(s, 1) for s, _ in grants] + [(e, -1) for _, e in grants]
-    events.sort(key=lambda ev: (ev[0], ev[1]))
+    events.sort()
     held, last, idle = 0, window_start, 0.0
     for at, delta in events:
         lo, hi = max(last, window_start), min(at, window_end)
@@ -104,8 +110,6 @@ def idle_time(grants: list[tuple[int, int]], limit: int) -> tuple[float, list[fl
 
 
 def handoff(server, args) -> list[str]:
-    from redis import Redis
-
     lines = [
         f"a. Lapsed-lease handoff: {args.processes} processes, limit {args.limit}, "
         f"lease {args.ttl} s, {args.rounds} grants each; nobody releases",
@@ -113,7 +117,7 @@ def handoff(server, args) -> list[str]:
     ]
     rows = []
     for kind in args.kinds.split(","):
-        Redis(port=server.port).flushall()
+        _flushall(server)
         support.progress(f"handoff: {kind}")
         began = time.monotonic()
         per_process = support.run_workers(
@@ -155,8 +159,6 @@ def handoff(server, args) -> list[str]:
 
 
 def overshoot(server, args) -> list[str]:
-    from redis import Redis
-
     lines = [
         f"b. acquire(timeout={args.timeout}) on a full semaphore, {args.calls} calls: "
         "elapsed minus the timeout",
@@ -164,7 +166,7 @@ def overshoot(server, args) -> list[str]:
     ]
     rows = []
     for kind in args.kinds.split(","):
-        Redis(port=server.port).flushall()
+        _flushall(server)
         holder = _kind(kind)(NAME, 1, ttl=300)
         holder.acquire()
         late = []
@@ -202,8 +204,7 @@ def main(argv: list[str]) -> str:
         ]
         lines += handoff(server, args)
         lines += [""] + overshoot(server, args)
-        load = "/".join(f"{x:.1f}" for x in os.getloadavg())
-        lines += ["", f"Load average (1/5/15 min) at the end: {load}"]
+        lines += ["", support.load_line()]
     if args.quick:
         lines.insert(1, "(--quick smoke run: numbers are rough)")
     return "\n".join(lines)

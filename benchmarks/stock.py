@@ -31,7 +31,6 @@ import time
 from array import array
 from collections import Counter
 from datetime import UTC, datetime
-from importlib import metadata
 
 from . import support
 
@@ -120,12 +119,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # Ceiling: about as long as one contender's hot-SKU measurements, in short segments.
     args.segments = max(3, round(args.seconds * args.rounds / SEGMENT))
     return args
-
-
-def rotated(kinds: tuple | list, r: int) -> list:
-    """``kinds`` starting at the ``r``-th: each round starts with another contender."""
-    kinds = list(kinds)
-    return kinds[r % len(kinds) :] + kinds[: r % len(kinds)]
 
 
 def ratio(a: float, b: float) -> float:
@@ -261,7 +254,7 @@ def ceiling(args) -> tuple[list[str], dict]:
     server_us: dict[str, list[float]] = {name: [] for name in names}
     support.progress(f"ceiling: {args.segments} rounds")
     for r in range(args.segments):
-        for name in rotated(names, r):
+        for name in support.rotated(names, r):
             client.config_resetstat()
             rate, cpu = timed_calls(calls[name], SEGMENT)
             evalsha = client.info("commandstats").get("cmdstat_evalsha", {})
@@ -355,7 +348,7 @@ def run_phase(kind: str, seconds: float, warmup: float, prefix: str) -> dict:
         t1 = clock()
         starts.append(t0)
         ends.append(t1)
-        retries.append(max(0, reply) if redis_only else reply.retries)
+        retries.append(reply[2] if redis_only else reply.retries)  # (took, now ms, retries)
     return {
         "measure_from": measure_from,
         "stop": stop,
@@ -387,7 +380,8 @@ def hot(args) -> tuple[list[str], dict]:
     kinds = [*args.strategies, REDIS_HALF] if "lua" in args.strategies else args.strategies
     stats: dict[tuple[str, int], dict] = {}
     for processes in args.processes:
-        plan = [(kind, args.seconds) for r in range(args.rounds) for kind in rotated(kinds, r)]
+        rounds = range(args.rounds)
+        plan = [(kind, args.seconds) for r in rounds for kind in support.rotated(kinds, r)]
         support.progress(
             f"hot SKU: {processes} process(es), {len(plan)} phases of "
             f"{args.warmup:g} s warm-up + {args.seconds:g} s"
@@ -519,7 +513,7 @@ def flash(args) -> tuple[list[str], dict]:
     )
     runs: dict[str, list] = {name: [] for name in args.strategies}
     for r in range(args.flash_rounds):
-        for name in rotated(args.strategies, r):
+        for name in support.rotated(args.strategies, r):
             support.progress(
                 f"flash sale round {r + 1}/{args.flash_rounds}: {name} "
                 f"({config.buyers} buyers, {config.processes} processes)"
@@ -630,12 +624,6 @@ def header(db_url: str, own_db: bool, created: bool) -> list[str]:
 
     from stock_locks.connection import get_redis
 
-    def version(dist):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return "?"
-
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SHOW server_version")
@@ -643,14 +631,17 @@ def header(db_url: str, own_db: bool, created: bool) -> list[str]:
     else:
         database = connection.vendor
     source = "DATABASE_URL" if own_db else ("created now" if created else "dedicated")
+    redis_py, django_redis, psycopg, django = map(
+        support.dist_version, ("redis", "django-redis", "psycopg", "Django")
+    )
     parser = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python"
     return [
         f"Stock strategy benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         f"redis-server {support.redis_version(get_redis())} (private, 127.0.0.1); "
         f"{database} at {redacted(db_url)} ({source}); Python {platform.python_version()} "
         f"on {platform.machine()}; {os.cpu_count()} CPUs",
-        f"redis-py {version('redis')} ({parser} parser), django-redis {version('django-redis')}, "
-        f"psycopg {version('psycopg')}, Django {version('Django')}; settings "
+        f"redis-py {redis_py} ({parser} parser), django-redis {django_redis}, "
+        f"psycopg {psycopg}, Django {django}; settings "
         f"{support.SETTINGS_MODULE}",
     ]
 
@@ -700,13 +691,9 @@ def targets(args, ceiling_result, hot_result, flash_result) -> list[str]:
     return lines
 
 
-def load_average() -> str:
-    return "/".join(f"{x:.1f}" for x in os.getloadavg())
-
-
 def main(argv: list[str]) -> str:
     args = parse_args(argv)
-    load_before = load_average()
+    load_before = support.load_average()
     db_url, own_db = database_url()
     created = support.ensure_database(db_url)
     with support.private_redis() as server:
@@ -731,11 +718,7 @@ def main(argv: list[str]) -> str:
             part, flash_result = flash(args)
             lines += [""] + part
         lines += [""] + targets(args, ceiling_result, hot_result, flash_result)
-        lines += [
-            "",
-            f"Load average (1/5/15 min) at start {load_before}, at end {load_average()}: other "
-            "sessions share this machine, so compare within a run, not across runs.",
-        ]
+        lines += ["", support.load_line(load_before)]
         connections.close_all()
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
 """Helpers shared by the benchmarks: a private redis-server, Django set-up, creating the
-PostgreSQL database, worker processes that start together, percentiles and plain-text tables.
+PostgreSQL database, worker processes that start together, counting replies and server
+commands, percentiles and plain-text tables.
 
 Nothing here talks to the system Redis: every benchmark starts its own
 redis-server on a free port (``tests.support.redis_servers.RedisServer``).
@@ -11,10 +12,15 @@ import multiprocessing
 import os
 import queue
 import sys
+import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from importlib import metadata
 from typing import Any
+
+import redis
 
 from tests.support.redis_servers import RedisServer
 
@@ -39,12 +45,8 @@ def progress(message: str) -> None:
 @contextmanager
 def private_redis(*extra_args: str) -> Iterator[RedisServer]:
     """A redis-server of our own on a free port; stopped and removed on exit."""
-    server = RedisServer(*extra_args)
-    server.start()
-    try:
+    with private_redis_servers(1, *extra_args) as (server,):
         yield server
-    finally:
-        server.cleanup()
 
 
 @contextmanager
@@ -80,6 +82,34 @@ def redis_version(client: Any) -> str:
     return str(client.info("server")["redis_version"])
 
 
+class CountingConnection(redis.Connection):
+    """Counts replies read (in ``CountingConnection.replies``, reset it before a run):
+    client round trips when nothing is pipelined, else one per command sent."""
+
+    replies = 0
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        CountingConnection.replies += 1
+        return super().read_response(*args, **kwargs)
+
+
+def server_cpu(client: Any) -> float:
+    """Seconds of CPU (user + system) the redis-server of ``client`` has used."""
+    info = client.info("cpu")
+    return info["used_cpu_user"] + info["used_cpu_sys"]
+
+
+def command_calls(client: Any) -> Counter:
+    """Commands run on the server of ``client`` since its last CONFIG RESETSTAT, by
+    name (commands run inside Lua included), leaving out ours: CONFIG and INFO."""
+    calls: Counter = Counter()
+    for key, value in client.info("commandstats").items():
+        name = key.removeprefix("cmdstat_")
+        if name.split("|")[0] not in ("config", "info"):
+            calls[name] += value["calls"]
+    return calls
+
+
 def setup_django(redis_url: str, database_url: str | None = None) -> None:
     """Set Django up with the demo settings, pointing ``REDIS_URL`` at ``redis_url`` and,
     when given, ``DATABASE_URL`` at ``database_url``.
@@ -108,8 +138,12 @@ def setup_django(redis_url: str, database_url: str | None = None) -> None:
         from demo_shop.settings import redis_db
 
         settings.REDIS_URL = redis_url
-        settings.CACHES["stock_locks"]["LOCATION"] = redis_url
-        settings.CACHES["default"]["LOCATION"] = redis_db(redis_url, 1)
+        # As demo_shop/settings.py (which spawned workers read): Django's cache on
+        # REDIS_URL, stock_locks' alias on its database 1 unless STOCK_LOCKS_REDIS_URL.
+        settings.CACHES["default"]["LOCATION"] = redis_url
+        settings.CACHES["stock_locks"]["LOCATION"] = os.environ.get(
+            "STOCK_LOCKS_REDIS_URL"
+        ) or redis_db(redis_url, 1)
         for alias in ("default", "stock_locks"):
             caches[alias].close()
             del caches[alias]
@@ -223,6 +257,47 @@ def run_workers(
     if failures:
         raise RuntimeError("\n".join(failures))
     return [collected[i] for i in range(n)]
+
+
+# -- measuring ----------------------------------------------------------------
+
+
+def rotated(kinds: Sequence[Any], r: int) -> list[Any]:
+    """``kinds`` starting at the ``r``-th: each round starts with another contender."""
+    kinds = list(kinds)
+    return kinds[r % len(kinds) :] + kinds[: r % len(kinds)]
+
+
+def busy(seconds: float) -> None:
+    """Spin on the CPU for ``seconds`` (work that holds the CPU, unlike sleep)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def dist_version(dist: str) -> str:
+    """The installed version of distribution ``dist``, or "?"."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def load_average() -> str:
+    """The load average over 1/5/15 minutes, as "a/b/c"."""
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def load_line(before: str | None = None) -> str:
+    """The report's closing line: the load average now (and ``before``, taken with
+    ``load_average()`` at the start, when given)."""
+    cpus = f"{os.cpu_count()} CPUs, shared machine"
+    if before is None:
+        return f"Load average (1/5/15 min) at the end: {load_average()} ({cpus})"
+    return (
+        f"Load average (1/5/15 min) at start {before}, at end {load_average()} ({cpus}): "
+        "compare within a run, not across runs."
+    )
 
 
 # -- statistics and tables ----------------------------------------------------
