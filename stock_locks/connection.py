@@ -72,6 +72,11 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException)
 REDIS_OR_OS_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
 
 
+def decoded(value: Any) -> Any:
+    """A reply decoded to ``str`` when it is ``bytes`` (clients may or may not decode)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def get_redis(alias: str | None = None) -> Redis:
     """The raw redis-py client of stock_locks' own features.
 

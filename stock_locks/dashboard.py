@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from .backends.redis import parse_record
 from .conf import settings
-from .connection import get_redis, is_cluster, refresh_slot_map
+from .connection import decoded, get_redis, is_cluster, refresh_slot_map
 from .delayqueue import DelayQueue
 from .keys import (
     SLOTS,
@@ -39,10 +39,6 @@ TOKEN_SHOWN = 8  # characters of a holder's token the page shows
 CLUSTER_INDEX_CHUNK = 1024  # per-slot index keys read by one script call on a cluster
 
 
-def _text(value: Any) -> Any:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _iso_ms(ms: Any) -> str | None:
     if ms in (None, b"", ""):
         return None
@@ -52,7 +48,7 @@ def _iso_ms(ms: Any) -> str | None:
 def _scan_names(client: Any, pattern: str, head: str) -> list[str]:
     names = set()
     for key in client.scan_iter(match=pattern, count=SCAN_COUNT):
-        key = _text(key)
+        key = decoded(key)
         if key.startswith(head) and key.endswith("}"):
             names.add(unescape_name(key[len(head) : -1]))
     return sorted(names)
@@ -87,7 +83,7 @@ def held_lock_names(client: Any) -> list[str]:
         pipe.zrange(lock_index_key(), 0, -1, withscores=True)
         (seconds, micros), pairs = pipe.execute()
     now_ms = int(seconds) * 1000 + int(micros) // 1000
-    names = {lock_name_of(_text(key)) for key, lease_end in pairs if float(lease_end) > now_ms}
+    names = {lock_name_of(decoded(key)) for key, lease_end in pairs if float(lease_end) > now_ms}
     names.discard(None)
     return sorted(names)  # type: ignore[arg-type]  # None was discarded
 
@@ -220,7 +216,7 @@ def delay_queues(client: Any = None) -> list[dict[str, Any]]:
     names = set(settings.DELAY_QUEUES)
     head = f"{settings.key_prefix()}:dq:{{"
     for key in client.scan_iter(match=f"{head}*}}:items", count=SCAN_COUNT):
-        key = _text(key)
+        key = decoded(key)
         names.add(unescape_name(key[len(head) : -len("}:items")]))
     rows = []
     for name in sorted(names):

@@ -97,12 +97,6 @@ def _thread_holds() -> dict[str, list]:
     return holds
 
 
-def owner_token(key: str | None = None) -> str | None:
-    """The calling thread's token for the reentrant lock ``key`` while it holds it."""
-    entry = _thread_holds().get(key) if key else None
-    return entry[0] if entry else None
-
-
 def seconds_to_ms(seconds: object, what: str, name: str | None) -> int:
     """``seconds`` as whole ms (at least 1), or :class:`LockError` unless a positive,
     finite number (``stock_locks._validate.lease_ms``)."""

@@ -59,6 +59,7 @@ from . import _validate, lease
 from .backends.base import Backend
 from .backends.redis import gone_key  # noqa: F401  (re-exported)
 from .conf import settings
+from .connection import decoded
 from .exceptions import BackendUnavailable, LockError, LockNotOwned
 from .holder import caller_of
 from .lease import Attempt, Call
@@ -94,10 +95,6 @@ def _patience_ms(seconds: float) -> int:
     if math.isinf(seconds):
         return NO_BOUND
     return max(1, int(seconds * 1000))
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class Semaphore(LeaseGuard):
@@ -455,7 +452,7 @@ def _snapshot(backend: Backend, keys: Any) -> dict[str, Any]:
         acquired_at = info.get("acquired_at")
         holders.append(
             {
-                "identifier": _text(member),
+                "identifier": decoded(member),
                 "host": info.get("host"),
                 "pid": info.get("pid"),
                 "thread": info.get("thread"),

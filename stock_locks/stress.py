@@ -68,7 +68,7 @@ from redis.exceptions import RedisError
 
 from . import scripts
 from .conf import settings
-from .connection import get_redis
+from .connection import decoded, get_redis
 from .exceptions import OutOfStock, StockLocksError
 from .keys import StockKeys
 from .models import Reservation
@@ -600,7 +600,7 @@ class StressRun:
     def _indexed_refs(self) -> list[str]:
         # The run id holds no glob characters (PREFIX, the token, a strategy name).
         pattern = f"*{self.run_id}-*"
-        return [_text(ref) for ref, _ in get_redis().zscan_iter(self.keys.index, match=pattern)]
+        return [decoded(ref) for ref, _ in get_redis().zscan_iter(self.keys.index, match=pattern)]
 
     def _give_back(self, rows: list, refs: set[str], report: CleanupReport) -> set[str]:
         """Existing SKUs: release the run's open reservations and give back committed
@@ -623,7 +623,9 @@ class StressRun:
         client = get_redis()
         for ref in sorted(refs - keep):
             try:
-                lines = {_text(k): int(v) for k, v in client.hgetall(self.keys.record(ref)).items()}
+                lines = {
+                    decoded(k): int(v) for k, v in client.hgetall(self.keys.record(ref)).items()
+                }
                 if not lines:
                     continue
                 rows_now = Reservation.objects.filter(order_ref=ref)
@@ -838,10 +840,6 @@ def _http_buyer(url: str):
     return buy
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _percentile(sorted_values: list[float], pct: float) -> float:
     if not sorted_values:
         return 0.0
@@ -892,13 +890,6 @@ def table_header(widths: list[int]) -> str:
 
 def table_row(result: StressResult, widths: list[int]) -> str:
     return table_line([str(getattr(result, attr)) for _, attr in COLUMNS], widths)
-
-
-def render_table(results: list[StressResult]) -> str:
-    widths = [
-        max(len(title), *(len(str(getattr(r, attr))) for r in results)) for title, attr in COLUMNS
-    ]
-    return "\n".join([table_header(widths), *(table_row(r, widths) for r in results)])
 
 
 def stderr_if_tty() -> TextIO | None:

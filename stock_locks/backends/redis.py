@@ -34,6 +34,7 @@ from ..conf import settings
 from ..connection import (
     CLUSTER_UNAVAILABLE_ERRORS,
     NODE_ERRORS,
+    decoded,
     is_cluster,
     on_node,
     refresh_slot_map,
@@ -176,14 +177,14 @@ def token_of(record: Any) -> str | None:
     """The token of a holder's record (the lock key's value; None: free)."""
     if record is None:
         return None
-    text = _text(record)
+    text = decoded(record)
     return text.split("\n", 1)[0]
 
 
 def parse_record(record: Any) -> dict[str, str]:
     """The fields of a holder's record (a bare token, e.g. written by another
     client, has the token only)."""
-    values = _text(record).split("\n", len(RECORD_FIELDS) - 1)
+    values = decoded(record).split("\n", len(RECORD_FIELDS) - 1)
     return dict(zip(RECORD_FIELDS, values, strict=False))
 
 
@@ -206,10 +207,6 @@ def lock_attempt(name: str, reply: Sequence) -> Attempt:
     pttl = int(reply[1])
     # The holder's lease bounds the wait; -1 (no expiry): unknown.
     return Attempt(False, wait=(pttl + 1) / 1000 if pttl > 0 else None)
-
-
-def _text(value: Any) -> Any:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def lock_info(name: str, reply: list, backend: str = "default") -> LockInfo | None:

@@ -46,7 +46,7 @@ from django.db import IntegrityError, connections, router, transaction
 
 from .. import scripts
 from ..conf import settings
-from ..connection import get_redis, on_node
+from ..connection import decoded, get_redis, on_node
 from ..keys import StockKeys
 from ..models import Reservation
 from .cart import unknown_sku
@@ -116,10 +116,6 @@ def counter_strategies() -> set[str]:
     return names
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _read_redis(client: Any, keys: StockKeys, skus: list[str]) -> _RedisSide:
     """The Redis side of a measure: pipelined on the one server (on a cluster, the
     master serving the stock tag: every stock key is there, and a cluster pipeline
@@ -146,7 +142,7 @@ def _read_node(client: Any, keys: StockKeys, skus: list[str]) -> _RedisSide:
         for sku, value, version in zip(chunk, values, seen, strict=True):
             counters[sku] = None if value is None else int(value)
             versions[sku] = int(version or 0)
-    created = {_text(ref): int(score) for ref, score in index}
+    created = {decoded(ref): int(score) for ref, score in index}
     records: dict[str, dict[str, int]] = {}
     refs = list(created)
     for start in range(0, len(refs), BATCH):
@@ -156,7 +152,7 @@ def _read_node(client: Any, keys: StockKeys, skus: list[str]) -> _RedisSide:
             pipe.hgetall(keys.record(ref))
         for ref, fields in zip(chunk, pipe.execute(), strict=True):
             if fields:
-                records[ref] = {_text(k): int(v) for k, v in fields.items()}
+                records[ref] = {decoded(k): int(v) for k, v in fields.items()}
     return _RedisSide(
         seconds * 1000 + micros // 1000, bool(loaded), counters, versions, records, created
     )
@@ -419,7 +415,7 @@ def load_missing_counters(skus: list[str], client: Any = None) -> dict[str, int]
             if sku not in levels:
                 raise unknown_sku(sku)
         args = [v for sku, ver in zip(pending, seen, strict=True)
-                for v in (sku, _text(ver) if ver is not None else "0", levels[sku])]  # fmt: skip
+                for v in (sku, decoded(ver) if ver is not None else "0", levels[sku])]  # fmt: skip
         done = scripts.STOCK_LOAD([keys.versions, *map(keys.counter, pending)], args, client=client)
         pending = [sku for sku, outcome in zip(pending, done, strict=True) if outcome == -1]
         if not pending:
@@ -507,4 +503,4 @@ def run_id(client: Any) -> str:
     """The run id of the Redis server holding the stock keys (on a cluster, the master
     serving their hash tag: a failover changes it, as a restart does)."""
     keys = StockKeys()
-    return _text(on_node(client, keys.loaded, lambda node: node.info("server")).get("run_id", ""))
+    return decoded(on_node(client, keys.loaded, lambda node: node.info("server")).get("run_id", ""))

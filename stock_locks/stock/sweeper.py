@@ -25,7 +25,7 @@ import logging
 from dataclasses import dataclass, field
 
 from ..conf import settings
-from ..connection import REDIS_ERRORS, get_redis
+from ..connection import REDIS_ERRORS, decoded, get_redis
 from ..exceptions import BackendUnavailable, LockError, RedisUnavailable, StockLocksError
 from ..keys import StockKeys
 from . import reconcile
@@ -122,7 +122,7 @@ def _repair_redis(result: SweepResult, client, orphan_grace: float | None) -> No
         run_id = reconcile.run_id(client)
         seen = client.hget(keys.loaded, "run_id")
         result.restored = reconcile.restore_after_data_loss(client)
-        if not result.restored and seen is not None and reconcile._text(seen) != run_id:
+        if not result.restored and seen is not None and decoded(seen) != run_id:
             result.restarted = True
             log.warning(
                 "Redis restarted (new run id); checking the stock data against the database"

@@ -31,6 +31,8 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
+from stock_locks.connection import decoded
+
 from .redis_servers import RedisServer, free_port, redis_server_binary
 from .waiting import TIMEOUT, wait_until
 
@@ -67,10 +69,6 @@ def cluster_port() -> int:
                 continue
         return port
     raise RuntimeError("no free port pair (port, port + 10000) for a cluster node")
-
-
-def _text(value: Any) -> Any:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class RedisClusterServers:
@@ -204,7 +202,7 @@ class RedisClusterServers:
     def _info(self, server: RedisServer, section: str) -> dict[str, str]:
         """CLUSTER INFO (``section`` "cluster") or INFO ``section`` of ``server``, as text."""
         if section == "cluster":
-            raw = _text(self._ask(server, lambda c: c.execute_command("CLUSTER", "INFO")))
+            raw = decoded(self._ask(server, lambda c: c.execute_command("CLUSTER", "INFO")))
             pairs = (line.split(":", 1) for line in raw.splitlines() if ":" in line)
             return {name: value.strip() for name, value in pairs}
         return {k: str(v) for k, v in self._ask(server, lambda c: c.info(section)).items()}
