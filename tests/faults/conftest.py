@@ -3,6 +3,11 @@
 Every test here is marked ``faults`` (by tests/conftest.py; run them alone
 with ``make test ARGS="-m faults"``) and counts what matters from the
 database afterwards: units oversold, stranded, moved twice.
+
+- ``fault_proxy``, ``redis_through_proxy``: a :class:`FaultProxy` in front of a server.
+- ``no_child_left``: SIGKILL the test's fault_processes children before the
+  database flush; a module opts in with ``pytest.mark.usefixtures("no_child_left")``.
+- ``redis``: a redis-server of the test's own, used by stock_locks and children.
 """
 
 from __future__ import annotations
@@ -17,7 +22,23 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
+from tests.support.fault_processes import kill_children
 from tests.support.fault_proxy import FaultProxy
+from tests.support.redis_servers import RedisServer
+
+
+@pytest.fixture
+def no_child_left() -> Iterator[None]:
+    yield
+    kill_children()  # before the database flush: a stopped child holds its transaction
+
+
+@pytest.fixture
+def redis(redis_factory, use_redis) -> RedisServer:
+    """A redis-server of this test's own (it may be killed), used by stock_locks and children."""
+    server = redis_factory()
+    use_redis(server)
+    return server
 
 
 @pytest.fixture

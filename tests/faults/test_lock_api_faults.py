@@ -12,8 +12,7 @@ from redis.retry import Retry
 from stock_locks import Lock, scripts
 from stock_locks.exceptions import LockNotOwned
 from stock_locks.locks import force_release
-
-RETRIES = pytest.mark.parametrize("retries", [3, 0], ids=["redis-py retries", "no retries"])
+from tests.support.fault_proxy import RETRIES
 
 
 @RETRIES

@@ -24,19 +24,12 @@ from stock_locks import Lock
 from stock_locks.exceptions import LockError, LockNotOwned, StaleFencingToken
 from stock_locks.fencing import fenced_update
 from tests.inventory.models import Item
+from tests.support.fault_proxy import RETRIES, Interrupted, client_through, raise_interrupted
 from tests.support.processes import event, start_process
 from tests.support.redis_stats import commandstats
 from tests.support.waiting import TIMEOUT, wait_until
 
 _spawn = multiprocessing.get_context("spawn")
-
-
-class Interrupted(BaseException):
-    """What a child's signal handler raises: not an Exception, like KeyboardInterrupt."""
-
-
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise Interrupted
 
 
 def _item() -> Item:
@@ -169,49 +162,16 @@ def test_threads_sharing_a_reentrant_lock_are_separate_owners(redis_client):
 # -- 3. acquire() or release() interrupted mid-round-trip ---------------------------------------
 
 
-class _HeldRequests(threading.Event):
-    """The proxy's flow switch, counting requests it holds back while stalled."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.set()
-        self.held = 0
-        self._count = threading.Lock()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if self.is_set():
-            return True
-        with self._count:
-            self.held += 1
-        try:
-            return super().wait(timeout)
-        finally:
-            with self._count:
-                self.held -= 1
-
-
-def _proxy(fault_proxy, redis_server) -> tuple[Any, _HeldRequests]:
-    proxy = fault_proxy(redis_server.port)
-    held = _HeldRequests()
-    proxy._flowing = held  # each request waits on this switch before going upstream
-    return proxy, held
-
-
 def _load_scripts(client: redis.Redis) -> None:
     """Run each script once, so no call through the proxy needs a SCRIPT LOAD."""
     with Lock("warm-up", ttl=10, redis=client):
         pass
 
 
-def _client_through(url: str) -> redis.Redis:
-    # No socket timeout: only the code under test may bound a wait on a stalled network.
-    return redis.Redis.from_url(url, socket_timeout=None)
-
-
 def _acquire_interrupted(url: str, report, go) -> None:
     """Child: acquire while the network holds the request; a signal interrupts it."""
-    signal.signal(signal.SIGUSR1, _raise_interrupted)
-    client = _client_through(url)
+    signal.signal(signal.SIGUSR1, raise_interrupted)
+    client = client_through(url)
     client.ping()  # connected before the stall
     lock = Lock("stalled", ttl=300, redis=client)
     report.put("ready")
@@ -228,7 +188,7 @@ def test_an_acquire_interrupted_mid_round_trip_leaves_the_lock_free(
     redis_server, redis_client, fault_proxy
 ):
     _load_scripts(redis_client)
-    proxy, held = _proxy(fault_proxy, redis_server)
+    proxy = fault_proxy(redis_server.port)
     report, go = _spawn.Queue(), event()
     child = start_process(_acquire_interrupted, proxy.url, report, go)
     try:
@@ -236,7 +196,7 @@ def test_an_acquire_interrupted_mid_round_trip_leaves_the_lock_free(
         redis_client.config_resetstat()
         proxy.stall()
         go.set()
-        wait_until(lambda: held.held == 1, what="the acquire held up by the network")
+        wait_until(lambda: proxy.held_requests == 1, what="the acquire held up by the network")
         os.kill(child.pid, signal.SIGUSR1)
         # The call ends although the network is still stalled: its give-back is bounded.
         assert report.get(timeout=TIMEOUT) == "interrupted"
@@ -255,8 +215,8 @@ def test_an_acquire_interrupted_mid_round_trip_leaves_the_lock_free(
 
 def _release_interrupted_then_again(url: str, report, go, again) -> None:
     """Child: hold the lock; the release is held up and interrupted; release again."""
-    signal.signal(signal.SIGUSR1, _raise_interrupted)
-    lock = Lock("held", ttl=300, redis=_client_through(url))
+    signal.signal(signal.SIGUSR1, raise_interrupted)
+    lock = Lock("held", ttl=300, redis=client_through(url))
     assert lock.acquire(timeout=0)
     report.put("held")
     go.wait(TIMEOUT)
@@ -281,14 +241,14 @@ def test_a_release_interrupted_mid_round_trip_still_frees_the_lock(
     network, redis_server, redis_client, fault_proxy
 ):
     _load_scripts(redis_client)
-    proxy, held = _proxy(fault_proxy, redis_server)
+    proxy = fault_proxy(redis_server.port)
     report, go, again = _spawn.Queue(), event(), event()
     child = start_process(_release_interrupted_then_again, proxy.url, report, go, again)
     try:
         assert report.get(timeout=TIMEOUT) == "held"
         proxy.stall()
         go.set()
-        wait_until(lambda: held.held == 1, what="the release held up by the network")
+        wait_until(lambda: proxy.held_requests == 1, what="the release held up by the network")
         os.kill(child.pid, signal.SIGUSR1)
         assert report.get(timeout=TIMEOUT) == "interrupted"
         if network == "loses the requests":
@@ -307,8 +267,6 @@ def test_a_release_interrupted_mid_round_trip_still_frees_the_lock(
 
 
 # -- 4. a release whose reply was lost ------------------------------------------------------------
-
-RETRIES = pytest.mark.parametrize("retries", [3, 0], ids=["redis-py retries", "no retries"])
 
 
 def _holder_through(proxy, retries: int) -> Lock:

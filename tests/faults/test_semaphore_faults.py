@@ -14,8 +14,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import threading
-from typing import Any
 
 import pytest
 import redis
@@ -24,6 +22,7 @@ from redis.retry import Retry
 
 from stock_locks import FairSemaphore, Semaphore
 from stock_locks.exceptions import LockError, LockNotOwned
+from tests.support.fault_proxy import RETRIES, Interrupted, client_through, raise_interrupted
 from tests.support.processes import event, start_process
 from tests.support.redis_stats import blocked_clients, commandstats
 from tests.support.waiting import TIMEOUT, wait_until
@@ -34,52 +33,9 @@ BOTH = pytest.mark.parametrize("kind", list(KINDS))
 _spawn = multiprocessing.get_context("spawn")
 
 
-class Interrupted(BaseException):
-    """What the child's signal handler raises: not an Exception, like KeyboardInterrupt."""
-
-
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise Interrupted
-
-
-def _client_through(url: str) -> redis.Redis:
-    # No socket timeout: only the code under test may bound a wait on a stalled network.
-    return redis.Redis.from_url(url, socket_timeout=None)
-
-
 def _server_ms(client: redis.Redis) -> int:
     seconds, micros = client.time()
     return seconds * 1000 + micros // 1000
-
-
-class _HeldRequests(threading.Event):
-    """The proxy's flow switch, counting requests it holds back while stalled."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.set()
-        self.held = 0
-        self._count = threading.Lock()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if self.is_set():
-            return True
-        with self._count:
-            self.held += 1
-        try:
-            return super().wait(timeout)
-        finally:
-            with self._count:
-                self.held -= 1
-
-
-def _proxy(fault_proxy, redis_server) -> tuple[Any, _HeldRequests]:
-    proxy = fault_proxy(redis_server.port)
-    # Each request the proxy reads waits on this switch before going upstream, so
-    # while stalled the count says how many requests the "network" holds.
-    held = _HeldRequests()
-    proxy._flowing = held
-    return proxy, held
 
 
 def _load_scripts(kind: type[Semaphore], client: redis.Redis) -> None:
@@ -93,8 +49,8 @@ def _load_scripts(kind: type[Semaphore], client: redis.Redis) -> None:
 
 def _acquire_then_interrupted(kind: str, url: str, report, go) -> None:
     """Child: take a permit while the network holds the request; a signal interrupts."""
-    signal.signal(signal.SIGUSR1, _raise_interrupted)
-    client = _client_through(url)
+    signal.signal(signal.SIGUSR1, raise_interrupted)
+    client = client_through(url)
     client.ping()  # connected before the stall
     sem = KINDS[kind]("stalled", 1, ttl=300, redis=client)
     report.put(("ready", sem.id))
@@ -112,7 +68,7 @@ def test_an_acquire_interrupted_mid_round_trip_leaves_no_permit_taken(
     kind, redis_server, redis_client, fault_proxy
 ):
     _load_scripts(KINDS[kind], redis_client)
-    proxy, held = _proxy(fault_proxy, redis_server)
+    proxy = fault_proxy(redis_server.port)
     report, go = _spawn.Queue(), event()
     child = start_process(_acquire_then_interrupted, kind, proxy.url, report, go)
     try:
@@ -121,7 +77,7 @@ def test_an_acquire_interrupted_mid_round_trip_leaves_no_permit_taken(
         redis_client.config_resetstat()
         proxy.stall()
         go.set()
-        wait_until(lambda: held.held == 1, what="the acquire held up by the network")
+        wait_until(lambda: proxy.held_requests == 1, what="the acquire held up by the network")
         os.kill(child.pid, signal.SIGUSR1)
         # The interrupted call gives back what its try may be granted, by a round
         # trip it bounds itself: the network is still stalled, and the call must
@@ -143,8 +99,8 @@ def test_an_acquire_interrupted_mid_round_trip_leaves_no_permit_taken(
 
 def _wait_in_line_then_interrupted(url: str, report) -> None:
     """Child: queue for a fair semaphore, sleep, and be interrupted while asleep."""
-    signal.signal(signal.SIGUSR1, _raise_interrupted)
-    sem = FairSemaphore("line", 1, ttl=300, redis=_client_through(url))
+    signal.signal(signal.SIGUSR1, raise_interrupted)
+    sem = FairSemaphore("line", 1, ttl=300, redis=client_through(url))
     report.put(("ready", sem.id))
     try:
         sem.acquire(timeout=TIMEOUT)
@@ -160,7 +116,7 @@ def test_a_fair_waiter_interrupted_in_line_leaves_no_place_blocking_others(
     _load_scripts(FairSemaphore, redis_client)
     holder = FairSemaphore("line", 1, ttl=300, redis=redis_client)
     assert holder.acquire()
-    proxy, _ = _proxy(fault_proxy, redis_server)
+    proxy = fault_proxy(redis_server.port)
     report = _spawn.Queue()
     child = start_process(_wait_in_line_then_interrupted, proxy.url, report)
     try:
@@ -190,8 +146,8 @@ def test_a_fair_waiter_interrupted_in_line_leaves_no_place_blocking_others(
 
 def _release_interrupted_then_again(kind: str, url: str, report, go, again) -> None:
     """Child: hold a permit; the release is held up and interrupted; release again."""
-    signal.signal(signal.SIGUSR1, _raise_interrupted)
-    sem = KINDS[kind]("held", 1, ttl=300, redis=_client_through(url))
+    signal.signal(signal.SIGUSR1, raise_interrupted)
+    sem = KINDS[kind]("held", 1, ttl=300, redis=client_through(url))
     assert sem.acquire(timeout=0)
     report.put(("held", sem.id))
     go.wait(TIMEOUT)
@@ -216,7 +172,7 @@ def test_a_release_interrupted_mid_round_trip_keeps_the_hold_to_release_again(
     kind, redis_server, redis_client, fault_proxy
 ):
     _load_scripts(KINDS[kind], redis_client)
-    proxy, held = _proxy(fault_proxy, redis_server)
+    proxy = fault_proxy(redis_server.port)
     report, go, again = _spawn.Queue(), event(), event()
     child = start_process(_release_interrupted_then_again, kind, proxy.url, report, go, again)
     try:
@@ -224,7 +180,7 @@ def test_a_release_interrupted_mid_round_trip_keeps_the_hold_to_release_again(
         assert state == "held"
         proxy.stall()
         go.set()
-        wait_until(lambda: held.held == 1, what="the release held up by the network")
+        wait_until(lambda: proxy.held_requests == 1, what="the release held up by the network")
         os.kill(child.pid, signal.SIGUSR1)
         assert report.get(timeout=TIMEOUT) == ("interrupted", sem_id)
         # The network loses what it held: the release and the bounded give-back
@@ -242,8 +198,6 @@ def test_a_release_interrupted_mid_round_trip_keeps_the_hold_to_release_again(
 
 
 # -- lost replies ----------------------------------------------------------------------
-
-RETRIES = pytest.mark.parametrize("retries", [3, 0], ids=["redis-py retries", "no retries"])
 
 
 def _holder_through(proxy, kind: str, retries: int) -> Semaphore:

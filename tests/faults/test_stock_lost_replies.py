@@ -73,6 +73,7 @@ def reserve_until_answered(strategy, ref: str, cart: dict[str, int]):
 
 # -- Redis replies ---------------------------------------------------------------------
 
+# Not tests.support.fault_proxy.RETRIES: other order and test ids.
 RETRIES = pytest.mark.parametrize("retries", [0, 3], ids=["no-retry", "redis-py-retries"])
 
 

@@ -22,7 +22,6 @@ from stock_locks.stock import get_strategy
 from tests.inventory.models import Item
 from tests.support.fault_processes import (
     Child,
-    kill_children,
     marker,
     wait_paused_blocked_or_done,
     wait_stopped,
@@ -38,13 +37,10 @@ def sweep() -> None:
     run_sweeper(grace=0, orphan_grace=0)
 
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _no_child_left():
-    yield
-    kill_children()  # before the database flush: a stopped child holds its transaction
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_child_left"),
+]
 
 
 STRATEGIES = ["lock", "lua", "watch", "db_conditional", "db_row_lock"]

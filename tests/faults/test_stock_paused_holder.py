@@ -22,7 +22,6 @@ from stock_locks.models import Reservation
 from tests.inventory.models import Item
 from tests.support.fault_processes import (
     Child,
-    kill_children,
     marker,
     stop_here,
     wait_paused_blocked_or_done,
@@ -32,24 +31,13 @@ from tests.support.fault_strategies import PausingLockStrategy
 from tests.support.stock_audit import audit
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _no_child_left():
-    yield
-    kill_children()  # before the database flush: a stopped child holds its transaction
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_child_left"),
+]
 
 
 SKU = "LAST"
-
-
-@pytest.fixture
-def redis(redis_factory, use_redis):
-    """A redis-server of this test's own (it may be killed), used by stock_locks and children."""
-    server = redis_factory()
-    use_redis(server)
-    return server
 
 
 def end_leases(redis, how: str) -> None:

@@ -28,18 +28,15 @@ from stock_locks.exceptions import (
 from stock_locks.models import Reservation
 from stock_locks.stock import get_strategy
 from tests.inventory.models import Item
-from tests.support.fault_processes import Child, kill_children
+from tests.support.fault_processes import Child
 from tests.support.processes import event
 from tests.support.stock_audit import audit, drift, open_reservations, sweep_until_quiet
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _no_child_left():
-    yield
-    kill_children()  # before the database flush: a stopped child holds its transaction
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_child_left"),
+]
 
 
 STRATEGIES = ["lua", "watch", "lock", "db_conditional", "db_row_lock"]
@@ -49,14 +46,6 @@ TTL = 1  # seconds an unpaid reservation holds its units
 BUYERS = 3
 MAX_ATTEMPTS = 400  # per buyer; the test stops them long before
 STEP = 8  # reservations the sale makes between two stages of a scenario
-
-
-@pytest.fixture
-def redis(redis_factory, use_redis):
-    """A redis-server of this test's own (it is killed), used by stock_locks and children."""
-    server = redis_factory()
-    use_redis(server)
-    return server
 
 
 # -- the buyers ------------------------------------------------------------------------

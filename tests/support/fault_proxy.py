@@ -11,12 +11,18 @@ says nothing.
                                       # server, its reply is dropped, the connection cut
     proxy.stall()                     # forward nothing either way until resume()
     proxy.cut()                       # close every open connection now
+    proxy.held_requests               # while stalled: requests the "network" holds
     proxy.close()
 
 Matching is on the raw bytes a client sends (RESP for Redis, the simple query
 protocol for PostgreSQL: ``lose_reply(b"COMMIT")`` loses the answer to a commit
 that did happen). ``lost`` counts the replies dropped so far, so a test can
 assert its fault really fired.
+
+Also here, for the tests that drive a proxy: ``RETRIES`` (a test with and
+without redis-py's retries), ``client_through`` (a client with no socket
+timeout), and ``Interrupted``/``raise_interrupted`` (a signal handler that
+interrupts a call the way Ctrl-C does).
 """
 
 from __future__ import annotations
@@ -24,8 +30,29 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from typing import Any
+
+import pytest
+import redis
 
 BUFFER = 65536
+
+RETRIES = pytest.mark.parametrize("retries", [3, 0], ids=["redis-py retries", "no retries"])
+
+
+class Interrupted(BaseException):
+    """What a child's signal handler raises: not an Exception, like KeyboardInterrupt."""
+
+
+def raise_interrupted(signum: int, frame: Any) -> None:
+    """A signal handler: ``signal.signal(signal.SIGUSR1, raise_interrupted)``."""
+    raise Interrupted
+
+
+def client_through(url: str) -> redis.Redis:
+    """A client of ``url`` (a proxy's): no socket timeout, so only the code under
+    test may bound a wait on a stalled network."""
+    return redis.Redis.from_url(url, socket_timeout=None)
 
 
 class _Pair:
@@ -61,6 +88,7 @@ class FaultProxy:
         self._flowing = threading.Event()
         self._flowing.set()
         self._closed = False
+        self.held_requests = 0  # requests held back by a stall right now
         self.lost = 0  # replies dropped so far
         self.lost_event = threading.Event()  # set each time a reply is dropped
 
@@ -141,7 +169,7 @@ class FaultProxy:
             if not data:
                 pair.close()
                 return
-            self._flowing.wait()
+            self._hold_while_stalled()
             with self._lock:
                 for i, pattern in enumerate(self._patterns):
                     if pattern in data:
@@ -153,6 +181,18 @@ class FaultProxy:
             except OSError:
                 pair.close()
                 return
+
+    def _hold_while_stalled(self) -> None:
+        """Wait for :meth:`resume` if stalled, counted in ``held_requests`` meanwhile."""
+        if self._flowing.is_set():
+            return
+        with self._lock:
+            self.held_requests += 1
+        try:
+            self._flowing.wait()
+        finally:
+            with self._lock:
+                self.held_requests -= 1
 
     def _replies(self, pair: _Pair) -> None:
         """Server -> client; drops the armed reply and cuts the connection."""

@@ -25,16 +25,12 @@ from tests.faults.test_stock_mixed import (
     STRATEGIES,
     _assert_sale_adds_up,
 )
-from tests.support.fault_processes import kill_children
 from tests.support.processes import run_in_processes
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _no_child_left():
-    yield
-    kill_children()  # before the database flush: a stopped child holds its transaction
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_child_left"),
+]
 
 
 def _restock(units: int) -> None:

@@ -25,23 +25,11 @@ from tests.faults.test_stock_redis_loss import (
     kill_and_restart_empty,
     sale_with,
 )
-from tests.support.fault_processes import kill_children
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _no_child_left():
-    yield
-    kill_children()  # before the database flush: a stopped child holds its transaction
-
-
-@pytest.fixture
-def redis(redis_factory, use_redis):
-    """A redis-server of this test's own (it is killed), used by stock_locks and children."""
-    server = redis_factory()
-    use_redis(server)
-    return server
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_child_left"),
+]
 
 
 def rush_product() -> None:
