@@ -61,10 +61,10 @@ def semaphore_holder(name: str, holder_id: str) -> dict[str, Any] | None:
 
 
 def evict_semaphore_holder(name: str, holder_id: str) -> Outcome:
-    holder = semaphore_holder(name, holder_id)
-    if holder is None:
-        return Outcome(False, f"semaphore {name!r} has no live holder {holder_id!r}")
-    evict_holder(name, holder_id)
+    state = semaphore_state(name)
+    holder = next((h for h in state["holders"] if h["identifier"] == holder_id), None)
+    if holder is None or not evict_holder(name, holder_id, limit=state["limit"]):
+        return Outcome(False, f"semaphore {name!r} has no live holder {holder_id!r}", holder)
     return Outcome(True, f"semaphore {name!r}: holder {holder_id[:8]} evicted", holder)
 
 

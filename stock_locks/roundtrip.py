@@ -42,17 +42,6 @@ NO_HANDSHAKE: dict[str, None] = (
 )
 
 
-def pool_for(client: Any, key: str) -> Any:
-    """The connection pool that serves ``key`` (a cluster's node pool), or None."""
-    pool = getattr(client, "connection_pool", None)
-    if pool is not None:
-        return pool
-    node_of = getattr(client, "get_node_from_key", None)  # RedisCluster
-    if node_of is not None:
-        return client.get_redis_connection(node_of(key)).connection_pool
-    return None
-
-
 def bounded_call(
     client: Any,
     script: Script,

@@ -420,13 +420,17 @@ def evict_holder(
     *,
     backend: Backend | str | None = None,
     redis: Redis | None = None,
+    limit: int | None = None,
 ) -> bool:
     """Take the permit of holder ``holder_id`` away (an operator's action); whether it
     held a live one. Wakes the waiters this lets in. The evicted holder's next
-    ``refresh()`` or ``release()`` raises :class:`LockNotOwned`."""
+    ``refresh()`` or ``release()`` raises :class:`LockNotOwned`. ``limit``: the
+    semaphore's stored limit when the caller has just read it (else one more read)."""
     chosen = pick_backend(backend, redis)
     keys = _semaphore_keys(chosen, name)
-    limit = _snapshot(chosen, keys)["limit"] or 1
+    if limit is None:
+        limit = _snapshot(chosen, keys)["limit"]
+    limit = limit or 1
     return chosen.execute(Call("semaphore_evict", (keys, holder_id, limit))) == 1
 
 

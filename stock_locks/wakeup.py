@@ -36,8 +36,13 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from .connection import NODE_ERRORS, STALE_ROUTE_ERRORS, blocking_cap, refresh_slot_map
-from .roundtrip import pool_for
+from .connection import (
+    NODE_ERRORS,
+    STALE_ROUTE_ERRORS,
+    blocking_cap,
+    node_client,
+    refresh_slot_map,
+)
 
 # How much later than the wanted wait the server's own BLPOP timeout is. The
 # client-side deadline always comes first; the server timeout only frees the
@@ -73,7 +78,7 @@ def wait_for_signal(client: Any, key: str, seconds: float) -> bool:
     (``UNBLOCKED``), it returns True having popped nothing: the caller looks again.
     """
     seconds = max(float(seconds), MIN_WAIT)
-    pool = pool_for(client, key)
+    pool = _pool_for(client, key)
     if pool is None:
         return _plain_blpop(client, key, seconds)
     deadline = time.monotonic() + seconds
@@ -94,7 +99,7 @@ def wait_for_signal(client: Any, key: str, seconds: float) -> bool:
         # to the node the fresh map names, for what is left of the wait.
         if deadline <= time.monotonic():
             return False
-        pool = pool_for(client, key)
+        pool = _pool_for(client, key)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -143,3 +148,8 @@ def _plain_blpop(client: Any, key: str, seconds: float) -> bool:
         slice_ = remaining if cap is None else min(remaining, cap * 0.8)
         if client.blpop([key], timeout=max(slice_, MIN_WAIT)):
             return True
+
+
+def _pool_for(client: Any, key: str) -> Any:
+    """The connection pool that serves ``key`` (a cluster's node pool), or None."""
+    return getattr(node_client(client, key), "connection_pool", None)

@@ -72,7 +72,7 @@ TRANSPORT_ERRORS: tuple[type[Exception], ...] = (
 NOT_OWNED, RELEASED, STILL_HELD = 0, 1, 2
 CAPPED = 2
 # lock_acquire.lua's replies besides a grant (1) and a refusal (0).
-_REENTRY_LOST, _GIVEN_BACK = 2, 3
+_REENTRY_LOST, GIVEN_BACK = 2, 3
 # The semaphore scripts' replies.
 _SEM_GRANTED, _SEM_GIVEN_BACK = 1, 2
 # How many released tokens a lock name remembers, so that a repeated release
@@ -202,7 +202,7 @@ def lock_attempt(name: str, reply: Sequence) -> Attempt:
             "(its lease ran out or it was force-released)",
             name=name,
         )
-    if reply[0] == _GIVEN_BACK:
+    if reply[0] == GIVEN_BACK:
         raise LockError(f"lock {name!r}: this try's token was already given back", name=name)
     pttl = int(reply[1])
     # The holder's lease bounds the wait; -1 (no expiry): unknown.
@@ -242,7 +242,8 @@ def lock_info(name: str, reply: list, backend: str = "default") -> LockInfo | No
     )
 
 
-def _force_argv(info: LockInfo) -> tuple:
+def force_argv(info: LockInfo) -> tuple:
+    """ARGV of an operator's release of ``info``'s hold (remembered for its lease)."""
     lifetime_ms = max(1, int((info.ttl or settings.LOCK_TTL) * 1000))
     return release_argv(info.token, 1, lifetime_ms, "force")
 
@@ -325,8 +326,6 @@ class RedisBackend(Backend):
                     f"stock_locks backend {self.alias!r}: LOCATION is one redis:// URL "
                     '(a list of node URLs only with OPTIONS["CLUSTER"])'
                 )
-            import redis
-
             return redis.Redis.from_url(self.location, **kwargs)
         from django_redis import get_redis_connection
 
@@ -451,7 +450,7 @@ class RedisBackend(Backend):
 
     def force_release(self, info: LockInfo, keys: LockKeys, *, bounded: bool = False) -> int:
         """Release the hold of ``info.token`` as an operator (remembered as forced)."""
-        return self._eval(scripts.LOCK_RELEASE, release_keys(keys), _force_argv(info), bounded)
+        return self._eval(scripts.LOCK_RELEASE, release_keys(keys), force_argv(info), bounded)
 
     def held_lock_names(self, *, bounded: bool = False) -> list[str]:
         """Names of the locks the held-locks index lists (every slot's, on a cluster)."""
@@ -476,7 +475,7 @@ class RedisBackend(Backend):
     ) -> list[int]:
         """:meth:`force_release` of many (keys, holder) pairs, one round trip per node."""
         calls = [
-            (scripts.LOCK_RELEASE, release_keys(keys), _force_argv(info)) for keys, info in matches
+            (scripts.LOCK_RELEASE, release_keys(keys), force_argv(info)) for keys, info in matches
         ]
         results = run_batch(self.client, calls)
         for result in results:

@@ -73,6 +73,7 @@ from ..wakeup import wait_for_signal
 from .base import FENCED, FORCE_RELEASE, HOLDER_METADATA, LEASED, SERVER_CLOCK, WAKE_UP, Backend
 from .redis import (
     CAPPED,
+    GIVEN_BACK,
     NOT_OWNED,
     RELEASED,
     STILL_HELD,
@@ -80,6 +81,7 @@ from .redis import (
     acquire_argv,
     acquire_keys,
     extend_keys,
+    force_argv,
     lock_info,
     prepared_for,
     release_argv,
@@ -164,9 +166,6 @@ class RedLockBackend(Backend):
         if self._owns_clients:
             for client in self.clients:
                 client.close()
-
-    def execute(self, call: Any) -> Any:
-        return getattr(self, call.verb)(*call.args, bounded=call.bounded)
 
     # -- one round to every master -------------------------------------------------------
 
@@ -302,7 +301,7 @@ class RedLockBackend(Backend):
             self.lock_release(lock, token, 1, "retract")
         if answered < self.quorum:
             raise self._unavailable(f"acquire of {lock.name!r}", replies)
-        if any(not isinstance(r, _Failed) and r[0] == 3 for r in replies):
+        if any(not isinstance(r, _Failed) and r[0] == GIVEN_BACK for r in replies):
             raise LockError(f"lock {lock.name!r}: this try's token was already given back")
         return Attempt(False, wait=self._wait_after(replies, len(granted)))
 
@@ -456,9 +455,7 @@ class RedLockBackend(Backend):
         return None
 
     def force_release(self, info: LockInfo, keys: LockKeys, *, bounded: bool = False) -> int:
-        lifetime_ms = max(1, int((info.ttl or settings.LOCK_TTL) * 1000))
-        argv = release_argv(info.token, 1, lifetime_ms, "force")
-        command = _script_command(scripts.LOCK_RELEASE, release_keys(keys), argv)
+        command = _script_command(scripts.LOCK_RELEASE, release_keys(keys), force_argv(info))
         return self._release_outcome(f"force release of {info.name!r}", self._all(command))
 
     def held_lock_names(self, *, bounded: bool = False) -> list[str]:
