@@ -6,9 +6,11 @@ backend) acquires, releases and extends through the generators here. A
 generator yields :class:`Call` objects (what to ask the backend) and receives
 their results; it decides everything else: the deadline, bounding each wait by
 the holder's lease, when to give a grant back, when to repeat a call whose
-reply was lost. :func:`run` is the synchronous driver (the only place that
-performs the calls, and the one seam where timing and metrics belong); an
-asyncio driver runs the same generators with ``await``.
+reply was lost. :func:`run` is the synchronous driver and :func:`arun` the
+asyncio one: they are the only places that perform the calls, and the one seam
+where timing and metrics belong. Backends use the same drivers one level down:
+each backend operation is a generator of transport requests (a script call, a
+blocking pop), performed by a sync or an async transport.
 
 The failure rules, in one place:
 
@@ -19,6 +21,8 @@ The failure rules, in one place:
 - An acquire that ends with any exception other than a backend's answer
   (:class:`~stock_locks.exceptions.LockError`: nothing is held then) gives back
   what it may have been granted, bounded, before the exception propagates.
+  Under asyncio a cancellation is such an exception: a coroutine cancelled
+  after its grant but before it saw the reply gives the grant back.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
@@ -171,5 +175,24 @@ def run(steps: Steps[T], execute: Callable[[Call], Any]) -> T:
             return done.value
         try:
             value, send = execute(call), steps.send
+        except BaseException as exc:
+            value, send = exc, steps.throw
+
+
+async def arun(steps: Steps[T], execute: Callable[[Any], Awaitable[Any]]) -> T:
+    """:func:`run` under asyncio: each yielded request is awaited through ``execute``.
+
+    A cancellation while a request is awaited is thrown into the generator like
+    any other exception (an acquire then gives back what it may hold, awaiting
+    once more, before the cancellation propagates)."""
+    send: Callable[[Any], Any] = steps.send
+    value: Any = None
+    while True:
+        try:
+            call = send(value)
+        except StopIteration as done:
+            return done.value
+        try:
+            value, send = await execute(call), steps.send
         except BaseException as exc:
             value, send = exc, steps.throw

@@ -22,6 +22,7 @@ refuse a backend without it (a system check, a skipped contract test):
   can be read back (the admin page shows them).
 - ``SEMAPHORES``: ``Semaphore`` and ``FairSemaphore`` run on it.
 - ``FORCE_RELEASE``: an operator can free a lock whoever holds it.
+- ``ASYNCIO``: ``stock_locks.aio``'s primitives run on it (:meth:`Backend.aexecute`).
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ WAKE_UP = "wake_up"
 HOLDER_METADATA = "holder_metadata"
 SEMAPHORES = "semaphores"
 FORCE_RELEASE = "force_release"
+ASYNCIO = "asyncio"
 
 ALL_CAPABILITIES = frozenset(
     {FENCED, LEASED, SESSION_BOUND, SERVER_CLOCK, WAKE_UP, HOLDER_METADATA, SEMAPHORES,
-     FORCE_RELEASE}
+     FORCE_RELEASE, ASYNCIO}
 )  # fmt: skip
 
 
@@ -78,6 +80,11 @@ class Backend:
     def execute(self, call: Call) -> Any:
         """Perform ``call`` (the synchronous drivers' one entry point)."""
         return getattr(self, call.verb)(*call.args, bounded=call.bounded)
+
+    async def aexecute(self, call: Call) -> Any:
+        """Perform ``call`` under asyncio (the asyncio drivers' one entry point); only
+        on a backend that declares ``ASYNCIO``."""
+        raise NotImplementedError(f"{self!r} does not support asyncio")
 
     def lock_keys(self, name: str) -> Any:
         """Where lock ``name`` lives on this backend. Raises ValueError for a bad name."""

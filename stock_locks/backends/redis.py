@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
@@ -43,10 +43,11 @@ from ..connection import (
 from ..exceptions import LockError, LockNotOwned, LockNotReplicated, RedisUnavailable
 from ..holder import LockInfo, process_identity, thread_name
 from ..keys import LockKeys, SemaphoreKeys, lock_keys, semaphore_keys
-from ..lease import Attempt
+from ..lease import Attempt, arun, run
 from ..roundtrip import bounded_call
 from ..wakeup import wait_for_signal
 from .base import (
+    ASYNCIO,
     FENCED,
     FORCE_RELEASE,
     HOLDER_METADATA,
@@ -59,6 +60,11 @@ from .base import (
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
+
+T = TypeVar("T")
+# An operation of a backend: a generator of transport requests (Eval, Pop, ...) that
+# receives their replies and returns the operation's result.
+Requests = Generator[Any, Any, T]
 
 # Errors after which a call may or may not have run on the server; ReadOnlyError:
 # the node became a replica in a failover (the client's next call finds the new master).
@@ -281,12 +287,69 @@ def grace_ms() -> int:
 # -- the backend -----------------------------------------------------------------------
 
 
+class Eval(NamedTuple):
+    """A transport request: run ``script`` on ``keys`` and ``argv``. ``bounded``: on a
+    connection of its own with every step bounded (a clean-up); ``head``: the
+    packed ``EVALSHA sha numkeys KEYS`` of a lock's own keys."""
+
+    script: Script
+    keys: Sequence[str]
+    argv: Sequence
+    bounded: bool = False
+    head: CommandHead | None = None
+
+
+class Batch(NamedTuple):
+    """A transport request: many (script, keys, argv) calls in one round trip (one per
+    node on a cluster); replies in order, an exception object for a call that failed."""
+
+    calls: Sequence[tuple[Any, Sequence, Sequence]]
+
+
+class Pop(NamedTuple):
+    """A transport request: sleep until an element of the list ``key`` is popped (True:
+    a wake-up) or ``seconds`` pass (False)."""
+
+    key: str
+    seconds: float
+
+
+class Command(NamedTuple):
+    """A transport request: one plain command (``GET``, ``EXISTS``) on the key's node."""
+
+    args: tuple
+
+
+class GrantConfirmed(NamedTuple):
+    """A transport request: ``lock_acquire.lua`` then ``WAIT replicas wait_ms`` on the
+    same connection; (the script's reply, replicas that confirmed or an error)."""
+
+    keys: Sequence[str]
+    argv: Sequence
+    replicas: int
+    wait_ms: int
+
+
+class Tool(NamedTuple):
+    """A transport request for operator tools: ``function(sync_client)`` (under asyncio
+    run in a worker thread)."""
+
+    function: Callable[[Any], Any]
+
+
 class RedisBackend(Backend):
-    """Locks and semaphores on one Redis server or one Redis Cluster."""
+    """Locks and semaphores on one Redis server or one Redis Cluster.
+
+    Each operation is a generator of transport requests (:class:`Eval`,
+    :class:`Pop`, ...): :meth:`execute` performs them on the redis-py client,
+    :meth:`aexecute` on a ``redis.asyncio`` client of the running event loop
+    (``stock_locks.aio``).
+    """
 
     capabilities = frozenset(
-        {FENCED, LEASED, SERVER_CLOCK, WAKE_UP, HOLDER_METADATA, SEMAPHORES, FORCE_RELEASE}
-    )
+        {FENCED, LEASED, SERVER_CLOCK, WAKE_UP, HOLDER_METADATA, SEMAPHORES, FORCE_RELEASE,
+         ASYNCIO}
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -295,29 +358,50 @@ class RedisBackend(Backend):
         location: str | Sequence[str] | None = None,
         options: dict[str, Any] | None = None,
         client: Any = None,
+        async_client: Any = None,
     ) -> None:
         super().__init__(alias)
         self.options = dict(options or {})
         self.location = location
         self._client = client
         self._owns_client = False
+        self.async_client = async_client  # an explicit redis.asyncio client (redis=)
+        self._perform_by_type: dict[type, Callable[[Any], Any]] = {
+            Eval: self._eval,
+            Pop: self._pop,
+            Batch: self._batch,
+            Command: self._command,
+            GrantConfirmed: self._grant_confirmed,
+            Tool: self._tool,
+        }
 
     @property
     def client(self) -> Any:
         """The redis-py client (``Redis`` or ``RedisCluster``), made on first use."""
         if self._client is None:
+            if self.async_client is not None:
+                raise ImproperlyConfigured(
+                    f"backend {self.alias!r} was made around a redis.asyncio client: "
+                    "use the stock_locks.aio primitives with it"
+                )
             self._client = self._make_client()
         return self._client
 
+    def client_kwargs(self) -> dict[str, Any]:
+        """The redis-py keyword arguments of a client made from ``LOCATION`` (OPTIONS
+        lower-cased, bounded timeouts by default)."""
+        kwargs = {
+            key.lower(): value
+            for key, value in self.options.items()
+            if key not in ("CLUSTER", "CACHE_ALIAS", "REPLICAS")
+        }
+        kwargs.setdefault("socket_timeout", 5.0)
+        kwargs.setdefault("socket_connect_timeout", 5.0)
+        return kwargs
+
     def _make_client(self) -> Any:
         if self.location:
-            kwargs = {
-                key.lower(): value
-                for key, value in self.options.items()
-                if key not in ("CLUSTER", "CACHE_ALIAS", "REPLICAS")
-            }
-            kwargs.setdefault("socket_timeout", 5.0)
-            kwargs.setdefault("socket_connect_timeout", 5.0)
+            kwargs = self.client_kwargs()
             self._owns_client = True
             if self.options.get("CLUSTER"):
                 return _cluster_client(self.location, kwargs)
@@ -333,6 +417,10 @@ class RedisBackend(Backend):
 
     @property
     def cluster(self) -> bool:
+        if self._client is None and self.async_client is not None:
+            return is_cluster(self.async_client)
+        if self.location:
+            return bool(self.options.get("CLUSTER"))
         return is_cluster(self.client)
 
     def close(self) -> None:
@@ -340,22 +428,33 @@ class RedisBackend(Backend):
             self._client.close()
         self._client = None
 
+    def _unavailable(self, exc: BaseException) -> RedisUnavailable:
+        return RedisUnavailable(f"Redis unavailable (backend {self.alias!r}): {exc}", backend=self.alias)
+
     def execute(self, call: Any) -> Any:
         try:
-            return getattr(self, call.verb)(*call.args, bounded=call.bounded)
+            return run(getattr(self, call.verb)(*call.args, bounded=call.bounded), self.perform)
         except TRANSPORT_ERRORS as exc:
-            raise RedisUnavailable(
-                f"Redis unavailable (backend {self.alias!r}): {exc}", backend=self.alias
-            ) from exc
+            raise self._unavailable(exc) from exc
 
-    def _eval(
-        self,
-        script: Script,
-        keys: Sequence[str],
-        argv: Sequence,
-        bounded: bool,
-        head: CommandHead | None = None,
-    ) -> Any:
+    async def aexecute(self, call: Any) -> Any:
+        from ..aio.redis import transport_for
+
+        transport = transport_for(self)
+        try:
+            steps = getattr(self, call.verb)(*call.args, bounded=call.bounded)
+            return await arun(steps, transport.perform)
+        except TRANSPORT_ERRORS as exc:
+            raise self._unavailable(exc) from exc
+
+    # -- the synchronous transport ---------------------------------------------------------
+
+    def perform(self, request: Any) -> Any:
+        """Perform one transport request on the redis-py client."""
+        return self._perform_by_type[type(request)](request)
+
+    def _eval(self, request: Eval) -> Any:
+        script, keys, argv, bounded, head = request
         if bounded:
             return bounded_call(self.client, script, keys, argv)
         # (what redis-py's Script.__call__ does, without its per-call overhead)
@@ -368,32 +467,22 @@ class RedisBackend(Backend):
             client.script_load(script.script)
             return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
 
-    # -- locks -------------------------------------------------------------------------
+    def _pop(self, request: Pop) -> bool:
+        return wait_for_signal(self.client, request.key, request.seconds)
 
-    def lock_keys(self, name: str) -> LockKeys:
-        return lock_keys(name, cluster=self.cluster)
+    def _batch(self, request: Batch) -> list:
+        return run_batch(self.client, request.calls)
 
-    def lock_try(
-        self, lock: Any, token: str, depth: int, waited: bool, *, bounded: bool = False
-    ) -> Attempt:
-        prepared = prepared_for(lock)
-        argv = acquire_argv(token, lock._ttl_ms, depth, prepared.holder_part(), waited)
-        replicas = self.options.get("REPLICAS", settings.REPLICAS)
-        if replicas and not bounded:
-            reply = self._acquire_replicated(lock, token, argv, replicas)
-        else:
-            reply = self._eval(
-                scripts.LOCK_ACQUIRE, prepared.acquire_keys, argv, bounded, prepared.acquire_head
-            )
-        if reply[0] == 1:
-            return Attempt(True, fence=reply[1], count=reply[2])
-        return lock_attempt(lock.name, reply)
+    def _command(self, request: Command) -> Any:
+        return self.client.execute_command(*request.args)
 
-    def _acquire_replicated(self, lock: Any, token: str, argv: tuple, replicas: int) -> list:
+    def _tool(self, request: Tool) -> Any:
+        return request.function(self.client)
+
+    def _grant_confirmed(self, request: GrantConfirmed) -> tuple[Any, Any]:
         # WAIT counts the replicas that have this connection's writes, so the
         # script and WAIT share one pipeline (one connection, one round trip).
-        wait_ms = max(1, int(settings.REPLICA_TIMEOUT * 1000))
-        keys = acquire_keys(lock.keys)
+        keys, argv, replicas, wait_ms = request
 
         def grant_and_wait(node: Any) -> tuple[list, Any]:
             for _ in range(2):
@@ -409,10 +498,38 @@ class RedisBackend(Backend):
             return reply, confirmed
 
         # On a cluster WAIT must run on the connection of the key's own master.
-        reply, confirmed = on_node(self.client, keys[0], grant_and_wait)
+        return on_node(self.client, keys[0], grant_and_wait)
+
+    # -- locks (each a generator of transport requests) -------------------------------------
+
+    def lock_keys(self, name: str) -> LockKeys:
+        return lock_keys(name, cluster=self.cluster)
+
+    def lock_try(
+        self, lock: Any, token: str, depth: int, waited: bool, *, bounded: bool = False
+    ) -> Requests[Attempt]:
+        prepared = prepared_for(lock)
+        argv = acquire_argv(token, lock._ttl_ms, depth, prepared.holder_part(), waited)
+        replicas = self.options.get("REPLICAS", settings.REPLICAS)
+        if replicas and not bounded:
+            reply = yield from self._acquire_replicated(lock, token, argv, replicas)
+        else:
+            reply = yield Eval(
+                scripts.LOCK_ACQUIRE, prepared.acquire_keys, argv, bounded, prepared.acquire_head
+            )
+        if reply[0] == 1:
+            return Attempt(True, fence=reply[1], count=reply[2])
+        return lock_attempt(lock.name, reply)
+
+    def _acquire_replicated(
+        self, lock: Any, token: str, argv: tuple, replicas: int
+    ) -> Requests[list]:
+        wait_ms = max(1, int(settings.REPLICA_TIMEOUT * 1000))
+        request = GrantConfirmed(acquire_keys(lock.keys), argv, replicas, wait_ms)
+        reply, confirmed = yield request
         confirmed = 0 if isinstance(confirmed, Exception) else int(confirmed)
         if reply[0] == 1 and int(reply[2]) == 1 and confirmed < replicas:
-            self.lock_release(lock, token, 1, "abandon")
+            yield from self.lock_release(lock, token, 1, "abandon")
             raise LockNotReplicated(
                 f"lock {lock.name!r}: {confirmed} of {replicas} replicas confirmed the grant "
                 f"within {settings.REPLICA_TIMEOUT}s; grant undone",
@@ -424,47 +541,53 @@ class RedisBackend(Backend):
 
     def lock_release(
         self, lock: Any, token: str, depth: int, mode: str = "release", *, bounded: bool = False
-    ) -> int:
+    ) -> Requests[int]:
         argv = release_argv(token, depth, lock._ttl_ms, mode)
         prepared = prepared_for(lock)
-        return self._eval(
-            scripts.LOCK_RELEASE, prepared.release_keys, argv, bounded, prepared.release_head
+        return (
+            yield Eval(
+                scripts.LOCK_RELEASE, prepared.release_keys, argv, bounded, prepared.release_head
+            )
         )
 
     def lock_extend(
         self, lock: Any, token: str, ttl_ms: int, max_hold_ms: int = 0, *, bounded: bool = False
-    ) -> int:
+    ) -> Requests[int]:
         argv = (token, ttl_ms, max_hold_ms)
-        return self._eval(scripts.LOCK_EXTEND, extend_keys(lock.keys), argv, bounded)
+        return (yield Eval(scripts.LOCK_EXTEND, extend_keys(lock.keys), argv, bounded))
 
-    def lock_wait(self, lock: Any, seconds: float, *, bounded: bool = False) -> bool:
-        return wait_for_signal(self.client, lock.keys.signal, seconds)
+    def lock_wait(self, lock: Any, seconds: float, *, bounded: bool = False) -> Requests[bool]:
+        return (yield Pop(lock.keys.signal, seconds))
 
-    def lock_inspect(self, name: str, keys: LockKeys, *, bounded: bool = False) -> LockInfo | None:
-        reply = self._eval(scripts.LOCK_INSPECT, (keys.lock,), (), bounded)
+    def lock_inspect(
+        self, name: str, keys: LockKeys, *, bounded: bool = False
+    ) -> Requests[LockInfo | None]:
+        reply = yield Eval(scripts.LOCK_INSPECT, (keys.lock,), (), bounded)
         return lock_info(name, reply, self.alias)
 
-    def lock_token(self, keys: LockKeys, *, bounded: bool = False) -> str | None:
+    def lock_token(self, keys: LockKeys, *, bounded: bool = False) -> Requests[str | None]:
         """The token holding the lock now, or None."""
-        return token_of(self.client.get(keys.lock))
+        return token_of((yield Command(("GET", keys.lock))))
 
-    def force_release(self, info: LockInfo, keys: LockKeys, *, bounded: bool = False) -> int:
+    def force_release(
+        self, info: LockInfo, keys: LockKeys, *, bounded: bool = False
+    ) -> Requests[int]:
         """Release the hold of ``info.token`` as an operator (remembered as forced)."""
-        return self._eval(scripts.LOCK_RELEASE, release_keys(keys), force_argv(info), bounded)
+        return (yield Eval(scripts.LOCK_RELEASE, release_keys(keys), force_argv(info), bounded))
 
-    def held_lock_names(self, *, bounded: bool = False) -> list[str]:
+    def held_lock_names(self, *, bounded: bool = False) -> Requests[list[str]]:
         """Names of the locks the held-locks index lists (every slot's, on a cluster)."""
         from ..dashboard import held_lock_names
 
-        return held_lock_names(self.client)
+        return (yield Tool(held_lock_names))
 
     def inspect_many(
         self, chunk: Sequence[tuple[str, LockKeys]], *, bounded: bool = False
-    ) -> list[LockInfo | None]:
+    ) -> Requests[list[LockInfo | None]]:
         """The holders of many locks, (name, keys) pairs, in one round trip per node."""
         reads = [(scripts.LOCK_INSPECT, (keys.lock,), ()) for _, keys in chunk]
         infos = []
-        for (name, _), reply in zip(chunk, run_batch(self.client, reads), strict=True):
+        for (name, _), reply in zip(chunk, (yield Batch(reads)), strict=True):
             if isinstance(reply, Exception):
                 raise reply
             infos.append(lock_info(name, reply, self.alias))
@@ -472,18 +595,18 @@ class RedisBackend(Backend):
 
     def force_release_many(
         self, matches: Sequence[tuple[LockKeys, LockInfo]], *, bounded: bool = False
-    ) -> list[int]:
+    ) -> Requests[list[int]]:
         """:meth:`force_release` of many (keys, holder) pairs, one round trip per node."""
         calls = [
             (scripts.LOCK_RELEASE, release_keys(keys), force_argv(info)) for keys, info in matches
         ]
-        results = run_batch(self.client, calls)
+        results = yield Batch(calls)
         for result in results:
             if isinstance(result, Exception):
                 raise result
         return results
 
-    def renew_many(self, renewals: Sequence[Any], *, bounded: bool = False) -> list:
+    def renew_many(self, renewals: Sequence[Any], *, bounded: bool = False) -> Requests[list]:
         """Extend many leases in one round trip (one per node on a cluster). Each renewal
         has ``keys``, ``token``, ``ttl_ms`` and ``max_hold_ms``; replies in order (an
         exception object for a call that failed inside Redis)."""
@@ -491,14 +614,16 @@ class RedisBackend(Backend):
             (scripts.LOCK_EXTEND, extend_keys(r.keys), (r.token, r.ttl_ms, r.max_hold_ms))
             for r in renewals
         ]
-        return run_batch(self.client, calls)
+        return (yield Batch(calls))
 
     # -- semaphores ----------------------------------------------------------------------
 
     def semaphore_keys(self, name: str) -> SemaphoreKeys:
         return semaphore_keys(name)
 
-    def semaphore_try(self, sem: Any, patience_ms: int, *, bounded: bool = False) -> Attempt:
+    def semaphore_try(
+        self, sem: Any, patience_ms: int, *, bounded: bool = False
+    ) -> Requests[Attempt]:
         host, pid = process_identity()
         holder = (host, pid, thread_name(), sem.caller)
         argv: tuple
@@ -508,10 +633,12 @@ class RedisBackend(Backend):
         else:
             argv = (sem.id, sem.limit, sem._ttl_ms, patience_ms, *holder)
             script = scripts.SEM_ACQUIRE
-        reply = self._eval(script, semaphore_script_keys(sem.keys, sem.fair), argv, bounded)
+        reply = yield Eval(script, semaphore_script_keys(sem.keys, sem.fair), argv, bounded)
         return semaphore_attempt(sem.name, reply, sem.fair)
 
-    def semaphore_release(self, sem: Any, abandon: bool = False, *, bounded: bool = False) -> int:
+    def semaphore_release(
+        self, sem: Any, abandon: bool = False, *, bounded: bool = False
+    ) -> Requests[int]:
         mode = "abandon" if abandon else "release"
         if sem.fair:
             argv = (sem.id, sem.limit, grace_ms(), sem._lease_ms, mode)
@@ -522,31 +649,30 @@ class RedisBackend(Backend):
             argv = (sem.id, sem.limit, wake_ms, sem._lease_ms, mode)
             script = scripts.SEM_RELEASE
             keys = (sem.keys.holders, sem.keys.meta, sem.keys.signal, gone_key(sem.keys))
-        return self._eval(script, keys, argv, bounded)
+        return (yield Eval(script, keys, argv, bounded))
 
-    def semaphore_refresh(self, sem: Any, ttl_ms: int, *, bounded: bool = False) -> int:
+    def semaphore_refresh(self, sem: Any, ttl_ms: int, *, bounded: bool = False) -> Requests[int]:
         k = sem.keys
         keys = (k.holders, k.meta, k.queue, k.alive, k.ticket) if sem.fair else (k.holders, k.meta)
-        return self._eval(scripts.SEM_REFRESH, keys, (sem.id, ttl_ms), bounded)
+        return (yield Eval(scripts.SEM_REFRESH, keys, (sem.id, ttl_ms), bounded))
 
-    def semaphore_wait(self, sem: Any, seconds: float, *, bounded: bool = False) -> bool:
+    def semaphore_wait(self, sem: Any, seconds: float, *, bounded: bool = False) -> Requests[bool]:
         key = sem.keys.wake_prefix + sem.id if sem.fair else sem.keys.signal
-        return wait_for_signal(self.client, key, seconds)
+        return (yield Pop(key, seconds))
 
-    def semaphore_state(self, keys: SemaphoreKeys, *, bounded: bool = False) -> list:
+    def semaphore_state(self, keys: SemaphoreKeys, *, bounded: bool = False) -> Requests[list]:
         """``sem_state.lua``'s reply: [now ms, limit, waiting, flat holders]."""
-        return self._eval(scripts.SEM_STATE, (keys.holders, keys.meta, keys.queue), (), bounded)
+        return (yield Eval(scripts.SEM_STATE, (keys.holders, keys.meta, keys.queue), (), bounded))
 
     def semaphore_evict(
         self, keys: SemaphoreKeys, holder_id: str, limit: int, *, bounded: bool = False
-    ) -> int:
+    ) -> Requests[int]:
         """Take ``holder_id``'s permit (an operator's action): 1 when it held a live one."""
-        client = self.client
-        if client.exists(keys.queue, keys.ticket):  # a fair semaphore with waiters
+        if (yield Command(("EXISTS", keys.queue, keys.ticket))):  # a fair semaphore with waiters
             fair_keys = semaphore_script_keys(keys, True)[:6]
-            return scripts.FAIR_RELEASE(fair_keys, (holder_id, limit, grace_ms()), client=client)
+            return (yield Eval(scripts.FAIR_RELEASE, fair_keys, (holder_id, limit, grace_ms())))
         argv = (holder_id, limit, int(settings.WAKE_SIGNAL_TTL * 1000))
-        return scripts.SEM_RELEASE((keys.holders, keys.meta, keys.signal), argv, client=client)
+        return (yield Eval(scripts.SEM_RELEASE, (keys.holders, keys.meta, keys.signal), argv))
 
 
 _PLAIN_CLIENT = redis.Redis

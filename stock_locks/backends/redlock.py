@@ -55,7 +55,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.backoff import NoBackoff
@@ -67,10 +67,19 @@ from ..conf import settings
 from ..exceptions import LockError, LockNotOwned, RedisUnavailable
 from ..holder import LockInfo
 from ..keys import LockKeys, key_slot, lock_keys
-from ..lease import Attempt
+from ..lease import Attempt, arun, run
 from ..roundtrip import NO_HANDSHAKE
 from ..wakeup import wait_for_signal
-from .base import FENCED, FORCE_RELEASE, HOLDER_METADATA, LEASED, SERVER_CLOCK, WAKE_UP, Backend
+from .base import (
+    ASYNCIO,
+    FENCED,
+    FORCE_RELEASE,
+    HOLDER_METADATA,
+    LEASED,
+    SERVER_CLOCK,
+    WAKE_UP,
+    Backend,
+)
 from .redis import (
     CAPPED,
     GIVEN_BACK,
@@ -78,6 +87,8 @@ from .redis import (
     RELEASED,
     STILL_HELD,
     TRANSPORT_ERRORS,
+    Requests,
+    Tool,
     acquire_argv,
     acquire_keys,
     extend_keys,
@@ -112,11 +123,32 @@ class _Failed:
         return f"<failed: {self.error}>"
 
 
+class Round(NamedTuple):
+    """A transport request: ``commands[i]`` (a list of commands) to master ``i``, all
+    at once, read with one deadline of ``NODE_TIMEOUT``; the replies per master, each
+    a reply or a :class:`_Failed`."""
+
+    commands: Sequence[Sequence[tuple]]
+
+
+class MasterPop(NamedTuple):
+    """A transport request: :class:`~stock_locks.backends.redis.Pop` on master ``index``."""
+
+    index: int
+    key: str
+    seconds: float
+
+
 class RedLockBackend(Backend):
-    """Locks over N independent Redis masters (no semaphores: see the README)."""
+    """Locks over N independent Redis masters (no semaphores: see the README).
+
+    Each operation is a generator of transport requests (:class:`Round`,
+    :class:`MasterPop`): :meth:`execute` performs them on redis-py clients,
+    :meth:`aexecute` on ``redis.asyncio`` clients of the running event loop.
+    """
 
     capabilities = frozenset(
-        {FENCED, LEASED, SERVER_CLOCK, WAKE_UP, HOLDER_METADATA, FORCE_RELEASE}
+        {FENCED, LEASED, SERVER_CLOCK, WAKE_UP, HOLDER_METADATA, FORCE_RELEASE, ASYNCIO}
     )
 
     def __init__(
@@ -132,6 +164,7 @@ class RedLockBackend(Backend):
         self.node_timeout = float(options.pop("NODE_TIMEOUT", NODE_TIMEOUT))
         self.retry_delay = float(options.pop("RETRY_DELAY", RETRY_DELAY))
         self.clock_drift = float(options.pop("CLOCK_DRIFT", CLOCK_DRIFT))
+        kwargs: dict[str, Any] = {}
         if clients is None:
             if isinstance(location, str) or not location:
                 raise LockError(
@@ -158,6 +191,8 @@ class RedLockBackend(Backend):
             )
         self.clients = list(clients)
         self.quorum = len(self.clients) // 2 + 1
+        self.locations = None if location is None else list(location)
+        self.client_kwargs = kwargs
 
     def __repr__(self) -> str:
         return f"<RedLockBackend {self.alias!r} x{len(self.clients)}>"
@@ -166,6 +201,23 @@ class RedLockBackend(Backend):
         if self._owns_clients:
             for client in self.clients:
                 client.close()
+
+    def execute(self, call: Any) -> Any:
+        return run(getattr(self, call.verb)(*call.args, bounded=call.bounded), self.perform)
+
+    async def aexecute(self, call: Any) -> Any:
+        from ..aio.redlock import transport_for
+
+        steps = getattr(self, call.verb)(*call.args, bounded=call.bounded)
+        return await arun(steps, transport_for(self).perform)
+
+    def perform(self, request: Any) -> Any:
+        """Perform one transport request on the redis-py clients."""
+        if type(request) is Round:
+            return self._round(request.commands)
+        if type(request) is MasterPop:
+            return wait_for_signal(self.clients[request.index], request.key, request.seconds)
+        return request.function(self.clients)  # a Tool
 
     # -- one round to every master -------------------------------------------------------
 
@@ -247,9 +299,9 @@ class RedLockBackend(Backend):
             connection.disconnect()
             self.clients[index].connection_pool.release(connection)
 
-    def _all(self, command: tuple) -> list[Any]:
+    def _all(self, command: tuple) -> Requests[list[Any]]:
         """``command`` on every master; one reply (or :class:`_Failed`) per master."""
-        return [replies[0] for replies in self._round([[command]] * len(self.clients))]
+        return [replies[0] for replies in (yield Round([[command]] * len(self.clients)))]
 
     def _unavailable(self, what: str, replies: Sequence[Any]) -> RedisUnavailable:
         errors = [str(r.error) for r in replies if isinstance(r, _Failed)]
@@ -270,12 +322,14 @@ class RedLockBackend(Backend):
 
     def lock_try(
         self, lock: Any, token: str, depth: int, waited: bool, *, bounded: bool = False
-    ) -> Attempt:
+    ) -> Requests[Attempt]:
         keys = lock.keys
         holder = prepared_for(lock).holder_part()
         argv = (*acquire_argv(token, lock._ttl_ms, depth, holder, waited), "counter")
         started = time.monotonic()
-        replies = self._all(_script_command(scripts.LOCK_ACQUIRE, acquire_keys(keys), argv))
+        replies = yield from self._all(
+            _script_command(scripts.LOCK_ACQUIRE, acquire_keys(keys), argv)
+        )
         granted = [r for r in replies if not isinstance(r, _Failed) and r[0] == 1]
         answered = sum(not isinstance(r, _Failed) for r in replies)
         valid = self._validity_ms(lock._ttl_ms, started) > 0
@@ -292,25 +346,25 @@ class RedLockBackend(Backend):
         if len(granted) >= self.quorum and valid:
             fence = max(int(r[1]) for r in granted)
             agreed = sum(int(r[1]) == fence for r in granted) >= self.quorum
-            stored = agreed or self._store_fence(keys, token, fence)
+            stored = agreed or (yield from self._store_fence(keys, token, fence))
             if stored and self._validity_ms(lock._ttl_ms, started) > 0:
                 return Attempt(True, fence=fence, count=1)
         # Not granted: take back what a minority (or a too-slow majority) granted, so
         # that the next try (same token) starts clean.
         with contextlib.suppress(RedisUnavailable):  # (what stays frees with its lease)
-            self.lock_release(lock, token, 1, "retract")
+            yield from self.lock_release(lock, token, 1, "retract")
         if answered < self.quorum:
             raise self._unavailable(f"acquire of {lock.name!r}", replies)
         if any(not isinstance(r, _Failed) and r[0] == GIVEN_BACK for r in replies):
             raise LockError(f"lock {lock.name!r}: this try's token was already given back")
         return Attempt(False, wait=self._wait_after(replies, len(granted)))
 
-    def _store_fence(self, keys: LockKeys, token: str, fence: int) -> bool:
+    def _store_fence(self, keys: LockKeys, token: str, fence: int) -> Requests[bool]:
         retention_ms = max(1, int(settings.FENCE_RETENTION * 1000))
         command = _script_command(
             scripts.LOCK_FENCE, (keys.fence, keys.lock), (token, fence, retention_ms)
         )
-        return sum(reply == 1 for reply in self._all(command)) >= self.quorum
+        return sum(reply == 1 for reply in (yield from self._all(command))) >= self.quorum
 
     def _wait_after(self, replies: Sequence[Any], granted: int) -> float | None:
         """How long a refused caller may sleep: until enough held leases end for a
@@ -332,13 +386,13 @@ class RedLockBackend(Backend):
 
     def lock_release(
         self, lock: Any, token: str, depth: int, mode: str = "release", *, bounded: bool = False
-    ) -> int:
+    ) -> Requests[int]:
         command = _script_command(
             scripts.LOCK_RELEASE,
             release_keys(lock.keys),
             release_argv(token, depth, lock._ttl_ms, mode),
         )
-        return self._release_outcome(f"release of {lock.name!r}", self._all(command))
+        return self._release_outcome(f"release of {lock.name!r}", (yield from self._all(command)))
 
     def _release_outcome(self, what: str, replies: Sequence[Any]) -> int:
         """A release's outcome by majority. RELEASED once no majority can still hold the
@@ -358,12 +412,13 @@ class RedLockBackend(Backend):
 
     def lock_extend(
         self, lock: Any, token: str, ttl_ms: int, max_hold_ms: int = 0, *, bounded: bool = False
-    ) -> int:
+    ) -> Requests[int]:
         started = time.monotonic()
         command = _script_command(
             scripts.LOCK_EXTEND, extend_keys(lock.keys), (token, ttl_ms, max_hold_ms)
         )
-        return self._extend_outcome(f"extend of {lock.name!r}", self._all(command), ttl_ms, started)
+        replies = yield from self._all(command)
+        return self._extend_outcome(f"extend of {lock.name!r}", replies, ttl_ms, started)
 
     def _extend_outcome(
         self, what: str, replies: Sequence[Any], ttl_ms: int, started: float
@@ -380,7 +435,7 @@ class RedLockBackend(Backend):
             raise self._unavailable(what, replies)
         return 1 if votes[1] >= self.quorum else CAPPED
 
-    def renew_many(self, renewals: Sequence[Any], *, bounded: bool = False) -> list:
+    def renew_many(self, renewals: Sequence[Any], *, bounded: bool = False) -> Requests[list]:
         """Every renewal's extend on every master in one round; per renewal, 1 when a
         majority extended it in time, CAPPED, 0 (lost), or a RedisUnavailable when
         too few masters answered to tell."""
@@ -391,7 +446,7 @@ class RedLockBackend(Backend):
             )
             for r in renewals
         ]
-        per_master = self._round([commands] * len(self.clients))
+        per_master = yield Round([commands] * len(self.clients))
         outcomes: list = []
         for i, r in enumerate(renewals):
             try:
@@ -407,16 +462,14 @@ class RedLockBackend(Backend):
                 outcomes.append(exc)
         return outcomes
 
-    def lock_wait(self, lock: Any, seconds: float, *, bounded: bool = False) -> bool:
+    def lock_wait(self, lock: Any, seconds: float, *, bounded: bool = False) -> Requests[bool]:
         count = len(self.clients)
         home = key_slot(lock.keys.lock) % count
         deadline = time.monotonic() + seconds
         for step in range(count):
-            client = self.clients[(home + step) % count]
+            remaining = max(0.0, deadline - time.monotonic())
             try:
-                return wait_for_signal(
-                    client, lock.keys.signal, max(0.0, deadline - time.monotonic())
-                )
+                return (yield MasterPop((home + step) % count, lock.keys.signal, remaining))
             except TRANSPORT_ERRORS:
                 continue  # that master is down: wait on the next one
         return False
@@ -432,9 +485,11 @@ class RedLockBackend(Backend):
             raise self._unavailable("inspect", replies)
         return None
 
-    def lock_inspect(self, name: str, keys: LockKeys, *, bounded: bool = False) -> LockInfo | None:
+    def lock_inspect(
+        self, name: str, keys: LockKeys, *, bounded: bool = False
+    ) -> Requests[LockInfo | None]:
         command = _script_command(scripts.LOCK_INSPECT, (keys.lock,), ())
-        held = self._majority_holder(self._all(command))
+        held = self._majority_holder((yield from self._all(command)))
         if held is None:
             return None
         infos = [info for reply in held if (info := lock_info(name, reply, self.alias))]
@@ -442,8 +497,8 @@ class RedLockBackend(Backend):
         remaining = [info.remaining for info in infos if info.remaining is not None]
         return replace(best, remaining=min(remaining) if remaining else None)
 
-    def lock_token(self, keys: LockKeys, *, bounded: bool = False) -> str | None:
-        replies = self._all(("GET", keys.lock))
+    def lock_token(self, keys: LockKeys, *, bounded: bool = False) -> Requests[str | None]:
+        replies = yield from self._all(("GET", keys.lock))
         tokens = Counter(
             token_of(r) for r in replies if not isinstance(r, _Failed) and r is not None
         )
@@ -454,28 +509,42 @@ class RedLockBackend(Backend):
             raise self._unavailable("read", replies)
         return None
 
-    def force_release(self, info: LockInfo, keys: LockKeys, *, bounded: bool = False) -> int:
+    def force_release(
+        self, info: LockInfo, keys: LockKeys, *, bounded: bool = False
+    ) -> Requests[int]:
         command = _script_command(scripts.LOCK_RELEASE, release_keys(keys), force_argv(info))
-        return self._release_outcome(f"force release of {info.name!r}", self._all(command))
+        replies = yield from self._all(command)
+        return self._release_outcome(f"force release of {info.name!r}", replies)
 
-    def held_lock_names(self, *, bounded: bool = False) -> list[str]:
+    def held_lock_names(self, *, bounded: bool = False) -> Requests[list[str]]:
         """Names in the held-locks index of any reachable master."""
-        from ..dashboard import held_lock_names
-
-        names: set[str] = set()
-        for client in self.clients:
-            try:
-                names.update(held_lock_names(client))
-            except TRANSPORT_ERRORS:
-                continue
-        return sorted(names)
+        return (yield Tool(_held_lock_names))
 
     def inspect_many(
         self, chunk: Sequence[tuple[str, LockKeys]], *, bounded: bool = False
-    ) -> list[LockInfo | None]:
-        return [self.lock_inspect(name, keys) for name, keys in chunk]
+    ) -> Requests[list[LockInfo | None]]:
+        infos = []
+        for name, keys in chunk:
+            infos.append((yield from self.lock_inspect(name, keys)))
+        return infos
 
     def force_release_many(
         self, matches: Sequence[tuple[LockKeys, LockInfo]], *, bounded: bool = False
-    ) -> list[int]:
-        return [self.force_release(info, keys) for keys, info in matches]
+    ) -> Requests[list[int]]:
+        results = []
+        for keys, info in matches:
+            results.append((yield from self.force_release(info, keys)))
+        return results
+
+
+def _held_lock_names(clients: Sequence[Any]) -> list[str]:
+    """Names in the held-locks index of any reachable master."""
+    from ..dashboard import held_lock_names
+
+    names: set[str] = set()
+    for client in clients:
+        try:
+            names.update(held_lock_names(client))
+        except TRANSPORT_ERRORS:
+            continue
+    return sorted(names)

@@ -45,11 +45,14 @@ def backends_configured(backends: dict[str, Any]) -> Iterator[None]:
 
 
 def sleeping_in(thread: threading.Thread, operation: str) -> bool:
-    """Whether ``thread`` is inside a backend's ``operation`` (e.g. ``"lock_wait"``)."""
+    """Whether ``thread`` is inside a backend's ``operation`` (e.g. ``"lock_wait"``):
+    in the backend's ``execute`` of a call of that verb."""
     frame = sys._current_frames().get(thread.ident or -1)
     while frame is not None:
-        if frame.f_code.co_name == operation:
-            return True
+        if frame.f_code.co_name == "execute":
+            call = frame.f_locals.get("call")
+            if getattr(call, "verb", None) == operation:
+                return True
         frame = frame.f_back
     return False
 
