@@ -54,6 +54,11 @@ DEFAULTS: dict[str, Any] = {
     "REPLICA_TIMEOUT": 0.1,
     # How long a release's wake-up signal waits for a waiter to pick it up, seconds.
     "WAKE_SIGNAL_TTL": 2,
+    # stock_locks.aio: the most pooled connections to one Redis server per event loop
+    # (waiting coroutines hold none: one listener connection wakes them all), and how
+    # long a call waits for a free one before it fails as Redis unavailable, seconds.
+    "ASYNC_MAX_CONNECTIONS": 32,
+    "ASYNC_POOL_TIMEOUT": 10,
     # How long a lock name's fencing counter is kept after its last grant,
     # seconds (default one day). Safe at any value above the largest backwards
     # step of the Redis server's clock: every fence is at least that clock in

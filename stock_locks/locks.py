@@ -150,11 +150,7 @@ class LeaseGuard:
     def __enter__(self) -> Self:
         if self.acquire():
             return self
-        raise LockTimeout(
-            f"{self.kind} {self.name!r} not granted within {self.timeout}s",
-            name=self.name,
-            timeout=self.timeout,
-        )
+        raise self._not_granted()
 
     def __exit__(
         self,
@@ -165,11 +161,22 @@ class LeaseGuard:
         try:
             self.release()
         except LockNotOwned:
-            if exc_type is None:
-                raise
-            logging.getLogger(f"stock_locks.{self.kind}.release").warning(
-                "%s %r: lease lost before its holder finished", self.kind, self.name
-            )
+            self._lost_before_exit(exc_type)
+
+    def _not_granted(self) -> LockTimeout:
+        return LockTimeout(
+            f"{self.kind} {self.name!r} not granted within {self.timeout}s",
+            name=self.name,
+            timeout=self.timeout,
+        )
+
+    def _lost_before_exit(self, exc_type: type[BaseException] | None) -> None:
+        """(Inside ``except LockNotOwned``) re-raise it unless the body raised."""
+        if exc_type is None:
+            raise
+        logging.getLogger(f"stock_locks.{self.kind}.release").warning(
+            "%s %r: lease lost before its holder finished", self.kind, self.name
+        )
 
 
 class _Hold:
@@ -299,7 +306,7 @@ class Lock(LeaseGuard):
         if self._max_hold_ms and self._max_hold_ms < self._ttl_ms:
             self.ttl, self._ttl_ms = self.max_hold, self._max_hold_ms
         self.caller = caller or caller_of(sys._getframe(1))
-        self._state: Any = _PerThread() if reentrant else _Hold()
+        self._state: Any = self._per_owner() if reentrant else _Hold()
         if token is not None:
             self._adopt(token)
 
@@ -307,6 +314,21 @@ class Lock(LeaseGuard):
     def redis(self) -> Any:
         """The redis-py client of a Redis backend (None for other backends)."""
         return getattr(self.backend, "client", None)
+
+    # What differs between this class and its asyncio twin (stock_locks.aio): who owns
+    # a reentrant hold, who renews a watchdog lock, and the driver.
+    _owner_word = "thread"
+
+    def _per_owner(self) -> Any:
+        """A reentrant lock's holder state, one :class:`_Hold` per owner (``.hold``)."""
+        return _PerThread()
+
+    def _owner_holds(self) -> dict[str, list]:
+        """The calling owner's reentrant holds: lock key -> [token, depth]."""
+        return _thread_holds()
+
+    def _renewer(self) -> Any:
+        return _watchdog
 
     def _run(self, steps: lease.Steps[Any]) -> Any:
         return lease.run(steps, self.backend.execute)
@@ -323,7 +345,7 @@ class Lock(LeaseGuard):
         hold = self._state
         hold.token, hold.holds, hold.adopted = token, 1, True
         if self.watchdog:
-            _watchdog.add(self, hold)
+            self._renewer().add(self, hold)
 
     def _hold(self) -> _Hold:
         """The calling owner's hold state (the thread's, for a reentrant lock)."""
@@ -420,7 +442,7 @@ class Lock(LeaseGuard):
                 "use reentrant=True or another Lock object",
                 name=self.name,
             )
-        entry = _thread_holds().get(self.keys.lock) if self.reentrant else None
+        entry = self._owner_holds().get(self.keys.lock) if self.reentrant else None
         token, depth = entry if entry else (secrets.token_hex(16), 0)
         try:
             attempt = yield from lease.acquire(
@@ -436,8 +458,9 @@ class Lock(LeaseGuard):
             # The thread's hold is gone: its next acquire starts afresh (new token),
             # while the outer holds still in progress learn it on their release.
             hold.lost = True
-            if _thread_holds().get(self.keys.lock, [None])[0] == token:
-                del _thread_holds()[self.keys.lock]
+            holds = self._owner_holds()
+            if holds.get(self.keys.lock, [None])[0] == token:
+                del holds[self.keys.lock]
             raise
         if attempt is None:
             acquire_log.debug("lock %r busy, not granted within %ss", self.name, timeout)
@@ -475,18 +498,18 @@ class Lock(LeaseGuard):
                 return
             raise LockError(
                 f"cannot release {self.name!r}: not held by this "
-                + ("thread" if self.reentrant else "object"),
+                + (self._owner_word if self.reentrant else "object"),
                 name=self.name,
             )
         token = cast(str, hold.token)  # set while held
         depth = 1
         if self.reentrant:
-            entry = _thread_holds().get(self.keys.lock)
+            entry = self._owner_holds().get(self.keys.lock)
             if entry and entry[0] == token:
                 depth = entry[1]
         if depth <= 1 and (self.watchdog or self.reentrant):
             # (a reentrant hold may have been registered by another Lock object)
-            _watchdog.discard((self.keys.lock, token))
+            self._renewer().discard((self.keys.lock, token))
         call = Call("lock_release", (self, token, depth, "release"))
         try:
             result = yield from lease.repeatable(call)
@@ -563,7 +586,7 @@ class Lock(LeaseGuard):
             raise LockError(f"cannot hand off {self.name!r}: not held", name=self.name)
         token = cast(str, hold.token)
         if self.watchdog:
-            _watchdog.discard((self.keys.lock, token))
+            self._renewer().discard((self.keys.lock, token))
         hold.holds, hold.handed_off = 0, True
         return token
 
@@ -642,16 +665,16 @@ class Lock(LeaseGuard):
         # lost lease are not this grant's.
         hold.holds = 1 if count == 1 else hold.holds + 1
         if self.reentrant:
-            _thread_holds()[self.keys.lock] = [token, count]
+            self._owner_holds()[self.keys.lock] = [token, count]
         if count == 1 and self.watchdog:
-            _watchdog.add(self, hold)
+            self._renewer().add(self, hold)
         acquire_log.debug("acquired %r fence=%s count=%s", self.name, fence, count)
 
     def _forget(self, hold: _Hold, token: str, depth: int, result: int) -> None:
         """After a release's outcome is known: this owner holds one hold less."""
         hold.holds = max(0, hold.holds - 1)
         if self.reentrant:
-            holds = _thread_holds()
+            holds = self._owner_holds()
             if result == STILL_HELD:
                 holds[self.keys.lock] = [token, depth - 1]
             elif holds.get(self.keys.lock, [None])[0] == token:
@@ -660,7 +683,7 @@ class Lock(LeaseGuard):
     def _still_held(self, hold: _Hold, depth: int) -> None:
         """After a release whose outcome stays unknown: keep the hold (and its renewal)."""
         if depth <= 1 and self.watchdog and hold.holds:
-            _watchdog.add(self, hold)
+            self._renewer().add(self, hold)
 
 
 class RedLock(Lock):
@@ -711,32 +734,116 @@ class _Renewal:
         self.due = time.monotonic() + self.interval
 
 
-class Watchdog:
-    """One daemon thread per process that renews every watchdog lock's lease.
+class RenewalSchedule:
+    """Which watchdog locks to renew when, and what each renewal's outcome means.
 
-    Each lock is renewed every ``ttl / 3`` seconds; locks falling due within
-    the next quarter interval are renewed with it, in one batch per backend
-    (one pipelined round trip per Redis server or cluster node). A lock whose
-    renewal finds its token gone is dropped and marked ``lost``; so is one
-    whose renewal was cut by its ``max_hold`` (the lease then ends at the cap,
-    on the Redis clock). The thread holds only
-    weak references, so a Lock object that is garbage-collected without
-    release is no longer renewed either.
+    No I/O and no threads: the renewal thread (:class:`Watchdog`) and the asyncio
+    renewal task (``stock_locks.aio``) run it. Each lock is renewed every
+    ``ttl / 3`` seconds; locks falling due within the next quarter interval are
+    renewed with it, in one ``renew_many`` call per backend. A lock whose renewal
+    finds its token gone is dropped and marked ``lost``; so is one whose renewal
+    was cut by its ``max_hold`` (the lease then ends at the cap, on the Redis
+    clock). Only weak references to the holds are kept, so a Lock object that is
+    garbage-collected without release is no longer renewed either.
     """
+
+    def __init__(self) -> None:
+        self.renewals: dict[tuple[str, str], _Renewal] = {}
+
+    def add(self, lock: Lock, hold: _Hold) -> _Renewal:
+        renewal = _Renewal(lock, hold)
+        self.renewals[(lock.keys.lock, cast(str, hold.token))] = renewal
+        return renewal
+
+    def discard(self, entry: tuple[str, str]) -> None:
+        self.renewals.pop(entry, None)
+
+    def __len__(self) -> int:
+        return len(self.renewals)
+
+    def take_due(self) -> list[tuple[tuple[str, str], _Renewal]]:
+        """The renewals due now (their next due time set already)."""
+        now = time.monotonic()
+        batch = []
+        for entry, renewal in list(self.renewals.items()):
+            if renewal.hold() is None:
+                del self.renewals[entry]
+            elif renewal.due - renewal.interval / 4 <= now:
+                renewal.due = now + renewal.interval
+                batch.append((entry, renewal))
+        return batch
+
+    def next_wait(self) -> float | None:
+        """Seconds until the next renewal falls due (None: nothing to renew)."""
+        if not self.renewals:
+            return None
+        return max(0.0, min(r.due for r in self.renewals.values()) - time.monotonic())
+
+    @staticmethod
+    def calls(batch: list) -> list[tuple[Backend, Call, list]]:
+        """(backend, its ``renew_many`` call, the batch items it covers) per backend."""
+        by_backend: dict[int, tuple[Backend, list]] = {}
+        for item in batch:
+            by_backend.setdefault(id(item[1].backend), (item[1].backend, []))[1].append(item)
+        return [
+            (backend, Call("renew_many", ([r for _, r in items],)), items)
+            for backend, items in by_backend.values()
+        ]
+
+    def failed(self, items: list, exc: BaseException) -> None:
+        """The backend could not be asked (BackendUnavailable, mostly): again soon."""
+        renewal_log.warning("could not renew %d lock(s), will retry: %s", len(items), exc)
+        retry = time.monotonic() + min(1.0, items[0][1].interval / 3)
+        for _, renewal in items:
+            renewal.due = min(renewal.due, retry)
+
+    def settle(self, items: list, results: list) -> None:
+        """Apply ``renew_many``'s results to ``items``."""
+        for (entry, renewal), result in zip(items, results, strict=True):
+            if result == 1:
+                continue
+            if isinstance(result, Exception):  # outcome unknown: again soon
+                renewal_log.warning("could not renew lock %r, will retry: %s", renewal.name, result)
+                renewal.due = min(renewal.due, time.monotonic() + min(1.0, renewal.interval / 3))
+                continue
+            # Released meanwhile: the release discarded it, and nothing is lost.
+            if self.renewals.get(entry) is not renewal:
+                continue
+            del self.renewals[entry]
+            hold = renewal.hold()
+            if hold is not None:
+                hold.lost = True
+            if result == CAPPED:
+                renewal_log.warning(
+                    "lock %r held for max_hold (%ss) since its grant: stopped renewing, "
+                    "its lease ends at the cap",
+                    renewal.name,
+                    renewal.max_hold,
+                )
+                continue
+            renewal_log.warning(
+                "lock %r lost: its token no longer holds the key (%s); stopped renewing",
+                renewal.name,
+                result,
+            )
+
+
+class Watchdog:
+    """One daemon thread per process that renews every watchdog lock's lease
+    (on the :class:`RenewalSchedule`; renewals of one backend in one round trip)."""
 
     THREAD_NAME = "stock_locks-watchdog"
     IDLE_WAIT = 1.0  # seconds between looks while nothing is registered
 
     def __init__(self) -> None:
-        self._renewals: dict[tuple[str, str], _Renewal] = {}
+        self.schedule = RenewalSchedule()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._wake_at = 0.0  # when the sleeping thread next looks
 
     def add(self, lock: Lock, hold: _Hold) -> None:
-        renewal = _Renewal(lock, hold)
         with self._cond:
-            self._renewals[(lock.keys.lock, cast(str, hold.token))] = renewal
+            renewal = self.schedule.add(lock, hold)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name=self.THREAD_NAME, daemon=True
@@ -747,88 +854,34 @@ class Watchdog:
 
     def discard(self, entry: tuple[str, str]) -> None:
         with self._cond:
-            self._renewals.pop(entry, None)
+            self.schedule.discard(entry)
 
     def __len__(self) -> int:
-        return len(self._renewals)
+        return len(self.schedule)
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                batch = self._take_due()
+                batch = self.schedule.take_due()
                 while not batch:
                     # With nothing to renew it still looks now and then, so that a lock
                     # taken and released many times a second (each add() after a
                     # discard()) does not wake it every time.
-                    wait = self._next_wait()
+                    wait = self.schedule.next_wait()
                     wait = self.IDLE_WAIT if wait is None else wait
                     self._wake_at = time.monotonic() + wait
                     self._cond.wait(wait)
-                    batch = self._take_due()
+                    batch = self.schedule.take_due()
                 self._wake_at = 0.0  # busy renewing: add() need not notify
-            self._renew(batch)
-
-    def _take_due(self) -> list[tuple[tuple[str, str], _Renewal]]:
-        now = time.monotonic()
-        batch = []
-        for entry, renewal in list(self._renewals.items()):
-            if renewal.hold() is None:
-                del self._renewals[entry]
-            elif renewal.due - renewal.interval / 4 <= now:
-                renewal.due = now + renewal.interval
-                batch.append((entry, renewal))
-        return batch
-
-    def _next_wait(self) -> float | None:
-        if not self._renewals:
-            return None
-        return max(0.0, min(r.due for r in self._renewals.values()) - time.monotonic())
-
-    def _renew(self, batch: list[tuple[tuple[str, str], _Renewal]]) -> None:
-        by_backend: dict[int, tuple[Backend, list]] = {}
-        for item in batch:
-            by_backend.setdefault(id(item[1].backend), (item[1].backend, []))[1].append(item)
-        for backend, items in by_backend.values():
-            try:
-                results = backend.execute(Call("renew_many", ([r for _, r in items],)))
-            except Exception as exc:  # (the thread must live on) BackendUnavailable, mostly
-                renewal_log.warning("could not renew %d lock(s), will retry: %s", len(items), exc)
-                retry = time.monotonic() + min(1.0, items[0][1].interval / 3)
-                for _, renewal in items:
-                    renewal.due = min(renewal.due, retry)
-                continue
-            for (entry, renewal), result in zip(items, results, strict=True):
-                if result == 1:
-                    continue
-                if isinstance(result, Exception):  # outcome unknown: again soon
-                    renewal_log.warning(
-                        "could not renew lock %r, will retry: %s", renewal.name, result
-                    )
-                    renewal.due = min(
-                        renewal.due, time.monotonic() + min(1.0, renewal.interval / 3)
-                    )
+            for backend, call, items in self.schedule.calls(batch):
+                try:
+                    results = backend.execute(call)
+                except Exception as exc:  # (the thread must live on)
+                    with self._cond:
+                        self.schedule.failed(items, exc)
                     continue
                 with self._cond:
-                    # Released meanwhile: the release discarded it, and nothing is lost.
-                    if self._renewals.get(entry) is not renewal:
-                        continue
-                    del self._renewals[entry]
-                hold = renewal.hold()
-                if hold is not None:
-                    hold.lost = True
-                if result == CAPPED:
-                    renewal_log.warning(
-                        "lock %r held for max_hold (%ss) since its grant: stopped renewing, "
-                        "its lease ends at the cap",
-                        renewal.name,
-                        renewal.max_hold,
-                    )
-                    continue
-                renewal_log.warning(
-                    "lock %r lost: its token no longer holds the key (%s); stopped renewing",
-                    renewal.name,
-                    result,
-                )
+                    self.schedule.settle(items, results)
 
 
 _watchdog = Watchdog()

@@ -338,7 +338,10 @@ class Semaphore(LeaseGuard):
         ``acquired_at`` (seconds since the epoch, server clock) and ``remaining``
         (seconds left of its lease). Holders whose lease has ended are left out.
         """
-        return _snapshot(self.backend, self.keys)["holders"]
+        return snapshot_of(self._run(self._state_steps()))["holders"]
+
+    def _state_steps(self) -> lease.Steps[list]:
+        return (yield Call("semaphore_state", (self.keys,)))
 
     # -- single backend calls, for tests and tools ----------------------------
 
@@ -449,7 +452,12 @@ def semaphore_state(
 
 
 def _snapshot(backend: Backend, keys: Any) -> dict[str, Any]:
-    _now_ms, limit, waiting, flat = backend.execute(Call("semaphore_state", (keys,)))
+    return snapshot_of(backend.execute(Call("semaphore_state", (keys,))))
+
+
+def snapshot_of(state: list) -> dict[str, Any]:
+    """``{"limit", "holders", "waiting"}`` from a ``semaphore_state`` reply."""
+    _now_ms, limit, waiting, flat = state
     holders = []
     for member, remaining_ms, metadata in zip(flat[::3], flat[1::3], flat[2::3], strict=True):
         info = json.loads(metadata) if metadata else {}

@@ -122,7 +122,7 @@ def test_hand_off_stops_the_givers_renewals_and_the_receiver_renews(redis_client
     with giver:
         token = giver.hand_off()
         assert token == giver.token
-        assert (giver.keys.lock, token) not in _watchdog._renewals
+        assert (giver.keys.lock, token) not in _watchdog.schedule.renewals
         assert not giver.owned()
         report, go = _spawn.Queue(), event()
         receiver = start_process(_adopt_with_watchdog, "job:9", token, report, go)

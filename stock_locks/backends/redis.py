@@ -429,7 +429,9 @@ class RedisBackend(Backend):
         self._client = None
 
     def _unavailable(self, exc: BaseException) -> RedisUnavailable:
-        return RedisUnavailable(f"Redis unavailable (backend {self.alias!r}): {exc}", backend=self.alias)
+        return RedisUnavailable(
+            f"Redis unavailable (backend {self.alias!r}): {exc}", backend=self.alias
+        )
 
     def execute(self, call: Any) -> Any:
         try:
@@ -687,10 +689,11 @@ class CommandHead:
     def __init__(self, sha: str, keys: Sequence[str]) -> None:
         fixed = (b"EVALSHA", sha.encode(), str(len(keys)).encode(), *(k.encode() for k in keys))
         self.count = len(fixed)
-        self.data = b"".join(_bulk(item) for item in fixed)
+        self.data = b"".join(bulk(item) for item in fixed)
 
 
-def _bulk(data: bytes) -> bytes:
+def bulk(data: bytes) -> bytes:
+    """``data`` as one RESP bulk string."""
     return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
@@ -707,7 +710,7 @@ def _evalsha_once(
         if head is not None and conn.encoder.encoding == "utf-8":  # (the head's encoding)
             encode = conn.encoder.encode
             size = b"*%d\r\n" % (head.count + len(argv))
-            conn.send_packed_command([size + head.data + b"".join(_bulk(encode(a)) for a in argv)])
+            conn.send_packed_command([size + head.data + b"".join(bulk(encode(a)) for a in argv)])
         else:
             conn.send_command("EVALSHA", sha, len(keys), *keys, *argv)
         return conn.read_response()
@@ -772,11 +775,19 @@ def _cluster_client(location: str | Sequence[str], kwargs: dict[str, Any]) -> An
 
 def backend_for_client(client: Any) -> RedisBackend:
     """The :class:`RedisBackend` around an explicit redis-py client (``redis=``
-    arguments): one per client, kept on the client, so that the watchdog batches
-    the renewals of every lock on that client together."""
+    arguments; a ``redis.asyncio`` one for ``stock_locks.aio``): one per client,
+    kept on the client, so that the watchdog batches the renewals of every lock
+    on that client together."""
     backend = getattr(client, "_stock_locks_backend", None)
     if backend is None:
-        backend = RedisBackend("(client)", client=client)
+        if _is_asyncio_client(client):
+            backend = RedisBackend("(client)", async_client=client)
+        else:
+            backend = RedisBackend("(client)", client=client)
         with contextlib.suppress(AttributeError):  # (__slots__: one backend per call)
             client._stock_locks_backend = backend
     return backend
+
+
+def _is_asyncio_client(client: Any) -> bool:
+    return type(client).__module__.startswith("redis.asyncio")
