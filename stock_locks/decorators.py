@@ -17,6 +17,10 @@ get its lock in time answers HTTP 423 with ``{"error": "locked", "lock": ...}``
 the backend (Redis) is unreachable; anything else raises :class:`LockTimeout` or
 :class:`~stock_locks.exceptions.BackendUnavailable` (``RedisUnavailable`` for Redis).
 Put these decorators below Celery's ``@app.task``.
+
+On an ``async def`` function or view they use the ``stock_locks.aio`` twins
+by themselves: a waiting call awaits a wake-up and parks no thread (a reentrant
+lock's owner is then the calling task).
 """
 
 from __future__ import annotations
@@ -220,13 +224,18 @@ def limit_concurrency(
     if ttl is not None:
         seconds_to_ms(ttl, "ttl", name)
     check_timeout(timeout, name)
-    kind = FairSemaphore if fair else Semaphore
     on_busy = response or too_many_response
 
     def decorate(func: F) -> F:
         signature = _check_names(func, fields, f"semaphore name {name!r}")
         build = _formatter(name, "semaphore name")
         caller = _caller(func)
+        if inspect.iscoroutinefunction(func):
+            from . import aio
+
+            kind: type[Semaphore] = aio.FairSemaphore if fair else aio.Semaphore
+        else:
+            kind = FairSemaphore if fair else Semaphore
 
         def make(args: tuple, kwargs: dict) -> Semaphore:
             wait = settings.SEMAPHORE_TIMEOUT if timeout is None else timeout
@@ -344,13 +353,16 @@ def _wrap(
 ) -> F:
     caller = _caller(func)
     on_busy = response or locked_response
-    if reentrant and inspect.iscoroutinefunction(func):
-        raise LockError(f"{caller}: reentrant locks follow threads; async code cannot use them")
+    kind = Lock
+    if inspect.iscoroutinefunction(func):
+        from . import aio
+
+        kind = aio.Lock  # (a reentrant one's owner is the calling task)
 
     def make_lock(args: tuple, kwargs: dict) -> Lock:
         name = build(_arguments(signature, args, kwargs))
         wait = settings.DECORATOR_TIMEOUT if timeout is None else timeout
-        return Lock(
+        return kind(
             name, ttl, timeout=wait, blocking=blocking, reentrant=reentrant,
             watchdog=watchdog, max_hold=max_hold, backend=backend, caller=caller,
         )  # fmt: skip
@@ -400,12 +412,12 @@ def _guard(
         return stale_fence_response(request, guard.name, exc, kind=kind)
 
     if inspect.iscoroutinefunction(func):
-        from asgiref.sync import sync_to_async
+        # (make() gives the stock_locks.aio twin: waiting parks no thread)
 
         async def async_finish(guard: Any, exc_info: tuple) -> None:
             outcome = "returned" if exc_info[0] is None else "raised"
             try:
-                await sync_to_async(guard.__exit__, thread_sensitive=False)(*exc_info)
+                await guard.__aexit__(*exc_info)
             except Exception as exc:
                 release_failed(guard, outcome, exc)
 
@@ -413,7 +425,7 @@ def _guard(
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             guard = make(args, kwargs)
             try:
-                granted = await sync_to_async(guard.acquire, thread_sensitive=False)()
+                granted = await guard.acquire()
             except BackendUnavailable as exc:
                 return refused(guard, _find_request(args), exc)
             if not granted:

@@ -7,6 +7,7 @@ the admin page shows a Redis, RedLock or ZooKeeper holder alike.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import os
 import socket
@@ -35,6 +36,12 @@ def process_identity() -> tuple[str, str]:
 
 
 def thread_name() -> str:
+    """The holder's "thread" label: the running asyncio task's name inside one (an
+    async holder's owner is its task), else the thread's name."""
+    if asyncio._get_running_loop() is not None:
+        task = asyncio.current_task()
+        if task is not None:
+            return task.get_name()
     return threading.current_thread().name
 
 

@@ -95,24 +95,42 @@ def async_client(backend: RedisBackend) -> Any:
             raise ImproperlyConfigured(
                 f"stock_locks backend {backend.alias!r}: LOCATION is one redis:// URL"
             )
-        pool = aredis.BlockingConnectionPool.from_url(backend.location, **_pool_limits(), **kwargs)
-        return aredis.Redis(connection_pool=pool)
-    sync_pool = backend.client.connection_pool  # django-redis's: its location and options
+        return client_from_url(backend.location, kwargs)
+    return client_like(backend.client)  # django-redis's: its location and options
+
+
+def _copied(kwargs: dict[str, Any], connection_class: type) -> dict[str, Any]:
+    accepted = _accepted(connection_class)
+    return {
+        key: value
+        for key, value in kwargs.items()
+        if key in accepted and (key in _COPIED or key.startswith("ssl_"))
+    }
+
+
+def client_from_url(url: str, kwargs: dict[str, Any]) -> Any:
+    """A ``redis.asyncio`` client of ``url`` with a bounded pool (sync-only options dropped)."""
+    pool = aredis.BlockingConnectionPool.from_url(
+        url, **_pool_limits(), **_copied(kwargs, aredis.SSLConnection)
+    )
+    return aredis.Redis(connection_pool=pool)
+
+
+def client_like(sync_client: Any) -> Any:
+    """A ``redis.asyncio`` client to the server of the redis-py client ``sync_client``,
+    with its connection options and a bounded pool."""
+    sync_pool = sync_client.connection_pool
     name = sync_pool.connection_class.__name__
     connection_class = _ASYNC_CONNECTIONS.get(name)
     if connection_class is None:
         raise ImproperlyConfigured(
-            f"stock_locks.aio: no asyncio twin of the connection class {name!r} of "
-            f"backend {backend.alias!r}; configure the backend with a LOCATION"
+            f"stock_locks.aio: no asyncio twin of the connection class {name!r}; "
+            "configure the backend with a LOCATION"
         )
-    accepted = _accepted(connection_class)
-    kwargs = {
-        key: value
-        for key, value in sync_pool.connection_kwargs.items()
-        if key in accepted and (key in _COPIED or key.startswith("ssl_"))
-    }
     pool = aredis.BlockingConnectionPool(
-        connection_class=connection_class, **_pool_limits(), **kwargs
+        connection_class=connection_class,
+        **_pool_limits(),
+        **_copied(sync_pool.connection_kwargs, connection_class),
     )
     return aredis.Redis(connection_pool=pool)
 

@@ -104,14 +104,16 @@ NODE_TIMEOUT = 0.2  # seconds: the longest one round to the masters waits for re
 RETRY_DELAY = 0.2  # seconds: a try refused by split votes retries within this
 CLOCK_DRIFT = 0.01  # of the ttl, plus 2 ms: how far the masters' clocks may run apart
 
-_SCRIPTS = {s.sha: s for s in vars(scripts).values() if isinstance(s, type(scripts.LOCK_ACQUIRE))}
+SCRIPTS_BY_SHA = {
+    s.sha: s for s in vars(scripts).values() if isinstance(s, type(scripts.LOCK_ACQUIRE))
+}
 
 
 def _script_command(script: Any, keys: Sequence[str], argv: Sequence) -> tuple:
     return ("EVALSHA", script.sha, len(keys), *keys, *argv)
 
 
-class _Failed:
+class Failed:
     """A master's missing reply: unreachable, timed out, or an error reply."""
 
     __slots__ = ("error",)
@@ -126,7 +128,7 @@ class _Failed:
 class Round(NamedTuple):
     """A transport request: ``commands[i]`` (a list of commands) to master ``i``, all
     at once, read with one deadline of ``NODE_TIMEOUT``; the replies per master, each
-    a reply or a :class:`_Failed`."""
+    a reply or a :class:`Failed`."""
 
     commands: Sequence[Sequence[tuple]]
 
@@ -223,7 +225,7 @@ class RedLockBackend(Backend):
 
     def _round(self, commands: Sequence[Sequence[tuple]]) -> list[list[Any]]:
         """Send ``commands[i]`` (a list of commands) to master ``i``, all at once; the
-        replies per master, each a reply or a :class:`_Failed`. Every read shares one
+        replies per master, each a reply or a :class:`Failed`. Every read shares one
         deadline of ``NODE_TIMEOUT``: a master that does not answer by then is
         counted as failed (its connection dropped)."""
         sent: list[tuple[int, Any]] = []
@@ -235,7 +237,7 @@ class RedLockBackend(Backend):
             try:
                 connection = pool.get_connection()  # (connects: fails fast on a dead master)
             except TRANSPORT_ERRORS as exc:
-                results[index] = [_Failed(exc)] * len(batch)
+                results[index] = [Failed(exc)] * len(batch)
                 continue
             try:
                 connection.send_packed_command(connection.pack_commands(batch))
@@ -245,7 +247,7 @@ class RedLockBackend(Backend):
                 if not isinstance(exc, TRANSPORT_ERRORS):
                     self._drop(sent)
                     raise
-                results[index] = [_Failed(exc)] * len(batch)
+                results[index] = [Failed(exc)] * len(batch)
                 continue
             sent.append((index, connection))
         deadline = time.monotonic() + self.node_timeout
@@ -265,16 +267,16 @@ class RedLockBackend(Backend):
         unknown = [
             i
             for i, reply in enumerate(replies)
-            if isinstance(reply, _Failed) and isinstance(reply.error, NoScriptError)
+            if isinstance(reply, Failed) and isinstance(reply.error, NoScriptError)
         ]
         if unknown:  # this master restarted and lost its scripts: once more, with the sources
-            evals = [("EVAL", _SCRIPTS[batch[i][1]].script, *batch[i][2:]) for i in unknown]
+            evals = [("EVAL", SCRIPTS_BY_SHA[batch[i][1]].script, *batch[i][2:]) for i in unknown]
             try:
                 connection.send_packed_command(connection.pack_commands(evals))
                 again = self._replies(connection, len(evals), deadline)
             except TRANSPORT_ERRORS as exc:
                 connection.disconnect()
-                again = [_Failed(exc)] * len(evals)
+                again = [Failed(exc)] * len(evals)
             for i, reply in zip(unknown, again, strict=True):
                 replies[i] = reply
         return replies
@@ -288,10 +290,10 @@ class RedLockBackend(Backend):
                     raise redis.TimeoutError(f"no reply within {self.node_timeout}s")
                 replies.append(connection.read_response())
             except ResponseError as exc:  # an error reply: the connection stays usable
-                replies.append(_Failed(exc))
+                replies.append(Failed(exc))
             except TRANSPORT_ERRORS as exc:
                 connection.disconnect()  # a late reply must not reach the next user
-                replies.extend([_Failed(exc)] * (count - len(replies)))
+                replies.extend([Failed(exc)] * (count - len(replies)))
         return replies
 
     def _drop(self, sent: list[tuple[int, Any]]) -> None:
@@ -300,11 +302,11 @@ class RedLockBackend(Backend):
             self.clients[index].connection_pool.release(connection)
 
     def _all(self, command: tuple) -> Requests[list[Any]]:
-        """``command`` on every master; one reply (or :class:`_Failed`) per master."""
+        """``command`` on every master; one reply (or :class:`Failed`) per master."""
         return [replies[0] for replies in (yield Round([[command]] * len(self.clients)))]
 
     def _unavailable(self, what: str, replies: Sequence[Any]) -> RedisUnavailable:
-        errors = [str(r.error) for r in replies if isinstance(r, _Failed)]
+        errors = [str(r.error) for r in replies if isinstance(r, Failed)]
         return RedisUnavailable(
             f"RedLock {self.alias!r}: {what}: fewer than {self.quorum} of {len(self.clients)} "
             f"masters answered ({'; '.join(errors[:3])})",
@@ -330,8 +332,8 @@ class RedLockBackend(Backend):
         replies = yield from self._all(
             _script_command(scripts.LOCK_ACQUIRE, acquire_keys(keys), argv)
         )
-        granted = [r for r in replies if not isinstance(r, _Failed) and r[0] == 1]
-        answered = sum(not isinstance(r, _Failed) for r in replies)
+        granted = [r for r in replies if not isinstance(r, Failed) and r[0] == 1]
+        answered = sum(not isinstance(r, Failed) for r in replies)
         valid = self._validity_ms(lock._ttl_ms, started) > 0
         if depth:
             if len(granted) >= self.quorum and valid:
@@ -355,7 +357,7 @@ class RedLockBackend(Backend):
             yield from self.lock_release(lock, token, 1, "retract")
         if answered < self.quorum:
             raise self._unavailable(f"acquire of {lock.name!r}", replies)
-        if any(not isinstance(r, _Failed) and r[0] == GIVEN_BACK for r in replies):
+        if any(not isinstance(r, Failed) and r[0] == GIVEN_BACK for r in replies):
             raise LockError(f"lock {lock.name!r}: this try's token was already given back")
         return Attempt(False, wait=self._wait_after(replies, len(granted)))
 
@@ -374,9 +376,9 @@ class RedLockBackend(Backend):
         leases = sorted(
             int(r[1]) if int(r[1]) >= 0 else float("inf")
             for r in replies
-            if not isinstance(r, _Failed) and r[0] == 0
+            if not isinstance(r, Failed) and r[0] == 0
         )
-        free = len(self.clients) - len(leases) - sum(isinstance(r, _Failed) for r in replies)
+        free = len(self.clients) - len(leases) - sum(isinstance(r, Failed) for r in replies)
         needed = self.quorum - free
         if needed <= 0:
             return random.uniform(0, self.retry_delay)
@@ -400,7 +402,7 @@ class RedLockBackend(Backend):
         one could have at the release; NOT_OWNED when a majority said the token held
         nothing (the lock was lost before); unavailable when a majority may still hold
         it (the caller repeats the release)."""
-        votes = Counter(r for r in replies if not isinstance(r, _Failed))
+        votes = Counter(r for r in replies if not isinstance(r, Failed))
         unanswered = len(replies) - sum(votes.values())
         if votes[STILL_HELD] >= self.quorum:
             return STILL_HELD
@@ -426,7 +428,7 @@ class RedLockBackend(Backend):
         """1 when a majority extended the lease in time, CAPPED when max_hold cut it on a
         majority, 0 when no majority can still hold it for this token; unavailable when
         that cannot be told (the caller repeats it)."""
-        votes = Counter(r for r in replies if not isinstance(r, _Failed))
+        votes = Counter(r for r in replies if not isinstance(r, Failed))
         unanswered = len(replies) - sum(votes.values())
         held = votes[1] + votes[CAPPED]
         if held + unanswered < self.quorum:
@@ -476,12 +478,12 @@ class RedLockBackend(Backend):
 
     def _majority_holder(self, replies: Sequence[Any]) -> list | None:
         """The inspect replies of the token a majority shows, or None."""
-        held = [r for r in replies if not isinstance(r, _Failed) and r]
+        held = [r for r in replies if not isinstance(r, Failed) and r]
         tokens = Counter(token_of(r[0]) for r in held)
         for token, votes in tokens.items():
             if votes >= self.quorum:
                 return [r for r in held if token_of(r[0]) == token]
-        if sum(not isinstance(r, _Failed) for r in replies) < self.quorum:
+        if sum(not isinstance(r, Failed) for r in replies) < self.quorum:
             raise self._unavailable("inspect", replies)
         return None
 
@@ -500,12 +502,12 @@ class RedLockBackend(Backend):
     def lock_token(self, keys: LockKeys, *, bounded: bool = False) -> Requests[str | None]:
         replies = yield from self._all(("GET", keys.lock))
         tokens = Counter(
-            token_of(r) for r in replies if not isinstance(r, _Failed) and r is not None
+            token_of(r) for r in replies if not isinstance(r, Failed) and r is not None
         )
         for token, votes in tokens.items():
             if votes >= self.quorum:
                 return token
-        if sum(not isinstance(r, _Failed) for r in replies) < self.quorum:
+        if sum(not isinstance(r, Failed) for r in replies) < self.quorum:
             raise self._unavailable("read", replies)
         return None
 

@@ -10,7 +10,9 @@ rest of the suite's STOCK_LOCKS kept) at real servers, empty at the start:
   one tests/cluster uses too);
 - ``redlock3``: ``RedLockBackend`` over 3 session-wide redis-servers.
 
-A test marked ``@requires(CAPABILITY, ...)`` (``tests.contract.support``) is
+Each kind runs in both execution modes (``tests.contract.modes``): ``sync``, and
+``async`` (the ``stock_locks.aio`` twins, same test bodies) on a backend that
+declares ``ASYNCIO``. A test marked ``@requires(CAPABILITY, ...)`` (``tests.contract.support``) is
 skipped on a backend whose class does not declare every one of them, the reason
 naming what is missing. Nothing else is skipped: a backend that cannot be
 imported or reached fails its tests. Servers start only when a test of their
@@ -25,7 +27,8 @@ from typing import Any
 import pytest
 
 from stock_locks.backends import get_backend
-from stock_locks.backends.base import ALL_CAPABILITIES
+from stock_locks.backends.base import ALL_CAPABILITIES, ASYNCIO
+from tests.contract import modes
 from tests.contract.support import backends_configured
 from tests.support.redis_cluster import shared_cluster
 from tests.support.redis_servers import RedisServer
@@ -88,8 +91,10 @@ def _configure(kind: str, request: pytest.FixtureRequest) -> tuple[str, dict[str
     raise AssertionError(f"unknown backend kind {kind!r}")
 
 
-def _skip_unless_capable(request: pytest.FixtureRequest, alias: str, kind: str) -> None:
+def _skip_unless_capable(request: pytest.FixtureRequest, alias: str, kind: str, mode: str) -> None:
     wanted = [c for mark in request.node.iter_markers("requires") for c in mark.args]
+    if mode == "async":
+        wanted.append(ASYNCIO)
     unknown = sorted(set(wanted) - ALL_CAPABILITIES)
     if unknown:
         raise AssertionError(f"@requires names unknown capabilities {unknown}")
@@ -102,12 +107,19 @@ def _skip_unless_capable(request: pytest.FixtureRequest, alias: str, kind: str) 
         )
 
 
-@pytest.fixture(params=KINDS)
-def backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The alias of a backend of each kind, configured in STOCK_LOCKS["BACKENDS"]."""
-    alias, backends = _configure(request.param, request)
+@pytest.fixture(params=[f"{kind}-{mode}" for kind in KINDS for mode in modes.MODES])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The alias of a backend of each kind, configured in STOCK_LOCKS["BACKENDS"], in
+    each execution mode (the test bodies' primitives follow it)."""
+    kind, mode = request.param.rsplit("-", 1)
+    alias, backends = _configure(kind, request)
     with backends_configured(backends):
-        if request.param == "redis_cluster":
+        if kind == "redis_cluster":
             assert get_backend(alias).cluster, "the cluster kind must run on a RedisCluster client"
-        _skip_unless_capable(request, alias, request.param)
-        yield alias
+        _skip_unless_capable(request, alias, kind, mode)
+        monkeypatch.setenv(modes.MODE_ENV, mode)
+        try:
+            yield alias
+        finally:
+            if mode == "async":
+                modes.close_async_resources()

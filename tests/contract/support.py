@@ -21,6 +21,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.test import override_settings
 
+from tests.contract import modes
 from tests.support.waiting import TIMEOUT, wait_until
 
 
@@ -46,7 +47,10 @@ def backends_configured(backends: dict[str, Any]) -> Iterator[None]:
 
 def sleeping_in(thread: threading.Thread, operation: str) -> bool:
     """Whether ``thread`` is inside a backend's ``operation`` (e.g. ``"lock_wait"``):
-    in the backend's ``execute`` of a call of that verb."""
+    in the backend's ``execute`` of a call of that verb (in the async mode: its
+    actor task awaits the backend's ``aexecute`` of one)."""
+    if modes.mode() == "async":
+        return modes.waiting_in(thread, operation)
     frame = sys._current_frames().get(thread.ident or -1)
     while frame is not None:
         if frame.f_code.co_name == "execute":

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from stock_locks import Lock, locked
 from stock_locks.backends.base import FENCED, FORCE_RELEASE, HOLDER_METADATA, LEASED, WAKE_UP
 from stock_locks.exceptions import LockError, LockNotOwned, LockTimeout, StaleFencingToken
 from stock_locks.fencing import fenced_update
 from stock_locks.locks import RELEASED, force_release, inspect
+from tests.contract.modes import Lock, locked
 from tests.contract.support import (
     backends_configured,
     backends_setting,

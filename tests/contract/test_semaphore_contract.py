@@ -12,9 +12,9 @@ import socket
 
 import pytest
 
-from stock_locks import FairSemaphore, Lock, Semaphore, limit_concurrency
 from stock_locks.backends.base import HOLDER_METADATA, LEASED, SEMAPHORES, WAKE_UP
 from stock_locks.exceptions import LockNotOwned, LockTimeout
+from tests.contract.modes import FairSemaphore, Lock, Semaphore, limit_concurrency
 from tests.contract.support import (
     backends_configured,
     backends_setting,
