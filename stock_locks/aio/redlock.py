@@ -16,7 +16,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from ..backends.redis import TRANSPORT_ERRORS, Tool
-from ..backends.redlock import SCRIPTS_BY_SHA, MasterPop, RedLockBackend, Round, Failed
+from ..backends.redlock import SCRIPTS_BY_SHA, Failed, MasterPop, RedLockBackend, Round
 from .listener import WakeListener
 from .redis import client_from_url, client_like
 from .runtime import resources
