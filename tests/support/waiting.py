@@ -47,3 +47,19 @@ def renewed(pttl: Callable[[], int], what: str = "the lease", timeout: float = T
         return now if risen else 0
 
     return wait_until(rose, timeout, interval=0.01, what=f"a renewal of {what}")
+
+
+async def eventually(
+    predicate: Callable[[], T], timeout: float = TIMEOUT, interval: float = 0.005, what: str = ""
+) -> T:
+    """:func:`wait_until` inside an event loop: the loop keeps running while it waits."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        await asyncio.sleep(interval)

@@ -1,0 +1,119 @@
+"""stock_locks.aio in one process: many waiting coroutines on few connections, owners
+per task, cancellation that leaves nothing behind. (The lock and semaphore contract
+runs in the async mode too: tests/contract.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stock_locks import aio
+from stock_locks.aio.runtime import resources
+from stock_locks.backends import get_backend
+from stock_locks.conf import settings
+from stock_locks.exceptions import LockError
+from stock_locks.semaphores import semaphore_state
+from tests.support.waiting import TIMEOUT, eventually
+
+COROUTINES = 1000
+
+
+def _listener():
+    """The running loop's wake-up listener of the default backend (one Redis server)."""
+    transport = resources().transports.get(get_backend())
+    return None if transport is None else transport.listeners.get(None)
+
+
+def _connections(redis_client) -> int:
+    """Clients of the Redis server but the test's own (this process is the only other)."""
+    return len(redis_client.client_list()) - 1
+
+
+def test_a_thousand_coroutines_share_few_connections_and_exclude_each_other(redis_client):
+    inside = most = done = 0
+
+    async def buyer() -> None:
+        nonlocal inside, most, done
+        async with aio.Lock("aio:hot", ttl=30, timeout=TIMEOUT):
+            inside += 1
+            most = max(most, inside)
+            await asyncio.sleep(0)  # another coroutine runs here: it must not be inside
+            inside -= 1
+            done += 1
+
+    async def main() -> tuple[int, int]:
+        holder = aio.Lock("aio:hot", ttl=30)
+        assert await holder.acquire()
+        buyers = [asyncio.create_task(buyer()) for _ in range(COROUTINES)]
+        waiting = await eventually(
+            lambda: (listener := _listener()) is not None and len(listener) == COROUTINES,
+            what="every buyer waiting on the listener",
+        )
+        connections = await asyncio.to_thread(_connections, redis_client)
+        await holder.release()
+        await asyncio.gather(*buyers)
+        return waiting, connections
+
+    waiting, connections = asyncio.run(main())
+    assert waiting and done == COROUTINES and most == 1
+    # The pool's bound, plus the listener's own connection: not one per waiter.
+    assert connections <= settings.ASYNC_MAX_CONNECTIONS + 1, connections
+
+
+def test_a_reentrant_lock_is_owned_by_its_task_and_not_by_child_tasks(redis_client):
+    async def main() -> None:
+        lock = aio.Lock("aio:reentrant", ttl=30, reentrant=True, timeout=0)
+        assert await lock.acquire() and await lock.acquire()  # this task re-enters
+        assert await asyncio.create_task(lock.acquire()) is False  # a child task: another owner
+        with pytest.raises(LockError) as refused:
+            await asyncio.create_task(lock.release())  # nor can it release the parent's hold
+        assert "not held by this task" in str(refused.value)
+        await lock.release()
+        assert await lock.locked()  # one hold left
+        await lock.release()
+        assert not await lock.locked()
+
+    asyncio.run(main())
+
+
+def test_a_waiter_cancelled_while_waiting_leaves_nothing_behind(redis_client):
+    async def main() -> None:
+        holder = aio.Lock("aio:cancel", ttl=30)
+        assert await holder.acquire()
+        waiter = asyncio.create_task(aio.Lock("aio:cancel", ttl=30, timeout=TIMEOUT).acquire())
+        await eventually(lambda: (lis := _listener()) and len(lis) == 1, what="the waiter asleep")
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert len(_listener()) == 0
+        info = await holder.info()
+        assert info is not None and info.token == holder.token  # the holder still holds it
+        await holder.release()
+        assert await aio.Lock("aio:cancel", timeout=0).acquire()  # and nothing else does
+
+        permit = aio.FairSemaphore("aio:fair", 1, ttl=30)
+        assert await permit.acquire()
+        queued = asyncio.create_task(aio.FairSemaphore("aio:fair", 1, timeout=TIMEOUT).acquire())
+        await eventually(lambda: (lis := _listener()) and len(lis) == 1, what="the fair waiter")
+        assert (await asyncio.to_thread(semaphore_state, "aio:fair"))["waiting"] == 1
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        state = await asyncio.to_thread(semaphore_state, "aio:fair")
+        assert state["waiting"] == 0 and len(state["holders"]) == 1  # it left the queue
+        await permit.release()
+
+    asyncio.run(main())
+
+
+def test_the_loops_clients_close_with_the_loop(redis_client):
+    before = _connections(redis_client)
+
+    async def main() -> int:
+        async with aio.Lock("aio:closing", ttl=30):
+            pass
+        return await asyncio.to_thread(_connections, redis_client)
+
+    assert asyncio.run(main()) > before
+    assert _connections(redis_client) == before  # asyncio.run's end closed them
