@@ -13,6 +13,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 
+from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connection, transaction
 
 from ..connection import REDIS_OR_OS_ERRORS
@@ -70,10 +71,28 @@ class StockStrategy(ABC):
         (nothing reserved; a retry with the same ref is safe). Blocks at most
         for the strategy's lock or retry budget.
         """
-        ref = check_order_ref(order_ref)
-        lines = normalize_cart(cart)
-        ttl_ms = check_ttl(ttl)
-        reservation = self.do_reserve(ref, lines, ttl_ms)
+        ref, lines, ttl_ms = self.checked(order_ref, cart, ttl)
+        return self.reserved(self.do_reserve(ref, lines, ttl_ms), ttl_ms)
+
+    async def areserve(
+        self, order_ref: str, cart: Mapping[str, int], *, ttl: float | None = None
+    ) -> Reservation:
+        """:meth:`reserve` for async views. This strategy is bound to the database, so
+        all of it runs in Django's thread for sync code (``sync_to_async``); the
+        ``lua`` strategy answers in the event loop instead."""
+        return await sync_to_async(self.reserve)(order_ref, cart, ttl=ttl)
+
+    @staticmethod
+    def checked(
+        order_ref: str, cart: Mapping[str, int], ttl: float | None
+    ) -> tuple[str, Cart, int | None]:
+        """(order ref, normalized lines, ttl in ms) of a reserve; InvalidQuantity or
+        ReservationError for bad input (no I/O)."""
+        return check_order_ref(order_ref), normalize_cart(cart), check_ttl(ttl)
+
+    @staticmethod
+    def reserved(reservation: Reservation, ttl_ms: int | None) -> Reservation:
+        """After a reserve: schedule a new reservation's expiry."""
         if reservation.created and ttl_ms is not None:
             expiry.schedule(reservation)
         return reservation

@@ -27,6 +27,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import scripts
+from ..backends import get_backend
+from ..backends.redis import RedisBackend, backend_for_client
 from ..connection import CLUSTER_UNAVAILABLE_ERRORS, REDIS_ERRORS, get_redis
 from ..exceptions import InvalidQuantity, OutOfStock, RedisUnavailable, StaleFencingToken
 from ..keys import StockKeys
@@ -45,6 +47,16 @@ REDIS_DOWN: tuple[type[Exception], ...] = (
 )
 # stock_release.lua's replies
 RELEASED, NO_RECORD, DATA_LOST = 1, 0, 4
+
+
+def stock_backend() -> RedisBackend:
+    """The Redis backend around the client the stock strategies use (:func:`get_redis`'s),
+    whose asyncio transport runs their Redis half under asyncio."""
+    client = get_redis()
+    default = get_backend()
+    if isinstance(default, RedisBackend) and default.client is client:
+        return default
+    return backend_for_client(client)
 
 
 class RedisStockStrategy(StockStrategy):
@@ -72,6 +84,13 @@ class RedisStockStrategy(StockStrategy):
         except REDIS_DOWN as exc:
             # The script may have run: a retry with this order ref finds its record.
             raise RedisUnavailable(f"Redis unreachable, nothing reserved: {exc}") from exc
+        return self.reserve_in_database(order_ref, lines, ttl_ms, took, now_ms, retries)
+
+    def reserve_in_database(
+        self, order_ref: str, lines: Cart, ttl_ms: int | None, took: bool, now_ms: int,
+        retries: int,
+    ) -> Reservation:  # fmt: skip
+        """The database half of a reserve whose Redis half answered ``took``."""
         if not took:
             repeat = repeat_of(order_ref, lines)
             if repeat is not None:

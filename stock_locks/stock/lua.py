@@ -1,7 +1,8 @@
 """The ``lua`` strategy: one script checks every line and decrements all or none.
 
 Refusals (the bulk of a flash sale) are answered by Redis alone, in one round
-trip, without touching the database. A yes is confirmed in the database in
+trip, without touching the database; under asyncio (:meth:`LuaStrategy.areserve`)
+without leaving the event loop. A yes is confirmed in the database in
 the same request (reservation row plus ``stock >= qty`` decrements, one
 transaction); if the database refuses, the Redis half is given back before
 the error surfaces.
@@ -9,12 +10,18 @@ the error surfaces.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from asgiref.sync import sync_to_async
+
 from .. import scripts
-from ..exceptions import OutOfStock, StockLocksError
+from ..backends.redis import Eval, Requests, Tool
+from ..exceptions import OutOfStock, RedisUnavailable, StockLocksError
+from ..lease import arun, run
+from ..models import Reservation
 from .cart import Cart
-from .counters import RedisStockStrategy
+from .counters import REDIS_DOWN, RedisStockStrategy, stock_backend
 
 # stock_reserve.lua's reply codes
 SHORT, RESERVED, ALREADY_RESERVED, NOT_LOADED, DATA_LOST = 0, 1, 2, 3, 4
@@ -23,20 +30,52 @@ MAX_LOADS = 3
 
 class LuaStrategy(RedisStockStrategy):
     def reserve_in_redis(self, order_ref: str, lines: Cart) -> tuple[bool, int, int]:
+        return run(self._reserve_steps(order_ref, lines), self._perform)
+
+    def _perform(self, request: Eval | Tool) -> Any:
+        if type(request) is Eval:
+            return request.script(request.keys, request.argv, client=self.redis)
+        return request.function(self.redis)
+
+    def _reserve_steps(self, order_ref: str, lines: Cart) -> Requests[tuple[bool, int, int]]:
         skus = list(lines)
         k = self.keys
         keys = [k.record(order_ref), k.index, k.loaded, k.versions, *map(k.counter, skus)]
         argv: list[Any] = [order_ref, *lines.values(), *skus]
         for _ in range(MAX_LOADS):
-            reply = scripts.STOCK_RESERVE(keys, argv, client=self.redis)
+            reply = yield Eval(scripts.STOCK_RESERVE, keys, argv)
             code = reply[0]
             if code in (RESERVED, ALREADY_RESERVED):
                 return code == RESERVED, int(reply[1]), 0
             if code == SHORT:
                 sku = skus[reply[1] - 1]
                 raise OutOfStock(sku, lines[sku], int(reply[2]))
+            # (rare, and bound to the database: under asyncio these run in a thread)
             if code == DATA_LOST:
-                self.restore_after_data_loss()
+                yield Tool(lambda _client: self.restore_after_data_loss())
             else:
-                self.load_counters([skus[i - 1] for i in reply[1:]])
+                missing = [skus[i - 1] for i in reply[1:]]
+                yield Tool(lambda _client, skus=missing: self.load_counters(skus))  # type: ignore[misc]
         raise StockLocksError(f"stock counters for {skus} keep disappearing (evicted?)")
+
+    async def areserve(
+        self, order_ref: str, cart: Mapping[str, int], *, ttl: float | None = None
+    ) -> Reservation:
+        """:meth:`reserve` for async views: the Redis half runs on the event loop (a
+        refusal, most of a flash sale, never leaves it), the database half in
+        Django's thread for sync code (``sync_to_async``: ``atomic`` is sync)."""
+        ref, lines, ttl_ms = self.checked(order_ref, cart, ttl)
+        from ..aio.redis import transport_for
+
+        try:
+            took, now_ms, retries = await arun(
+                self._reserve_steps(ref, lines), transport_for(stock_backend()).perform
+            )
+        except REDIS_DOWN as exc:
+            raise RedisUnavailable(f"Redis unreachable, nothing reserved: {exc}") from exc
+
+        def in_database() -> Reservation:
+            reservation = self.reserve_in_database(ref, lines, ttl_ms, took, now_ms, retries)
+            return self.reserved(reservation, ttl_ms)
+
+        return await sync_to_async(in_database)()
