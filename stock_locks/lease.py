@@ -163,7 +163,7 @@ def give_back_once(call: Call) -> Steps[Any]:
         return None
 
 
-def run(steps: Steps[T], execute: Callable[[Call], Any]) -> T:
+def run(steps: Steps[T], execute: Callable[[Any], Any]) -> T:
     """Drive ``steps`` synchronously: each yielded :class:`Call` goes to ``execute``,
     its result (or exception) back into the generator; the generator's return value."""
     send: Callable[[Any], Call] = steps.send

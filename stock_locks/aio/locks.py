@@ -153,7 +153,7 @@ class Lock(AsyncLeaseGuard, locks.Lock):
         return found.watchdog
 
     @property
-    def fence(self) -> int | None:  # type: ignore[override]
+    def fence(self) -> int | None:
         """The calling owner's fencing token of its last grant (None before the first,
         or for an adopted hold until :meth:`read_fence`)."""
         return self._hold().fence

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
@@ -160,7 +160,7 @@ class RedisTransport:
         self.cluster = is_cluster(self.client)
         self.listeners: dict[int | None, WakeListener] = {}
         self._node_clients: dict[str, Any] = {}
-        self._by_type = {
+        self._by_type: dict[type, Callable[[Any], Awaitable[Any]]] = {
             Eval: self._eval,
             Pop: self._pop,
             Batch: self._batch,

@@ -21,6 +21,9 @@ from .listener import WakeListener
 from .redis import client_from_url, client_like
 from .runtime import resources
 
+# A master that did not answer in time, or at all.
+UNANSWERED: tuple[type[BaseException], ...] = (*TRANSPORT_ERRORS, TimeoutError)
+
 
 def transport_for(backend: RedLockBackend) -> RedLockTransport:
     """``backend``'s transport in the running event loop."""
@@ -59,7 +62,7 @@ class RedLockTransport:
             try:
                 async with asyncio.timeout_at(deadline):
                     return await self._master_batch(index, batch)
-            except (*TRANSPORT_ERRORS, TimeoutError) as exc:
+            except UNANSWERED as exc:
                 return [Failed(exc)] * len(batch)
 
         return list(await asyncio.gather(*(on_master(i, b) for i, b in enumerate(commands))))
@@ -88,17 +91,17 @@ class RedLockTransport:
             await pool.release(connection)
 
     async def _pop(self, request: MasterPop) -> bool:
-        listener = self.listeners.get(request.index)
+        listener = self.listeners.get(request.master)
         if listener is None:
-            pool = self.clients[request.index].connection_pool
+            pool = self.clients[request.master].connection_pool
 
             async def connect() -> Any:
                 connection = pool.connection_class(**pool.connection_kwargs)
                 await connection.connect()
                 return connection
 
-            listener = self.listeners[request.index] = WakeListener(
-                connect, self.clients[request.index], None
+            listener = self.listeners[request.master] = WakeListener(
+                connect, self.clients[request.master], None
             )
         return await listener.wait(request.key, request.seconds)
 

@@ -134,9 +134,9 @@ class Round(NamedTuple):
 
 
 class MasterPop(NamedTuple):
-    """A transport request: :class:`~stock_locks.backends.redis.Pop` on master ``index``."""
+    """A transport request: :class:`~stock_locks.backends.redis.Pop` on master ``master``."""
 
-    index: int
+    master: int
     key: str
     seconds: float
 
@@ -218,7 +218,7 @@ class RedLockBackend(Backend):
         if type(request) is Round:
             return self._round(request.commands)
         if type(request) is MasterPop:
-            return wait_for_signal(self.clients[request.index], request.key, request.seconds)
+            return wait_for_signal(self.clients[request.master], request.key, request.seconds)
         return request.function(self.clients)  # a Tool
 
     # -- one round to every master -------------------------------------------------------

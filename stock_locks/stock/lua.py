@@ -32,7 +32,7 @@ class LuaStrategy(RedisStockStrategy):
     def reserve_in_redis(self, order_ref: str, lines: Cart) -> tuple[bool, int, int]:
         return run(self._reserve_steps(order_ref, lines), self._perform)
 
-    def _perform(self, request: Eval | Tool) -> Any:
+    def _perform(self, request: Any) -> Any:
         if type(request) is Eval:
             return request.script(request.keys, request.argv, client=self.redis)
         return request.function(self.redis)
