@@ -8,7 +8,9 @@ rest of the suite's STOCK_LOCKS kept) at real servers, empty at the start:
 - ``redis_cluster``: ``RedisBackend`` on the test process's one Redis Cluster (3
   masters, 3 replicas; :func:`~tests.support.redis_cluster.shared_cluster`, the
   one tests/cluster uses too);
-- ``redlock3``: ``RedLockBackend`` over 3 session-wide redis-servers.
+- ``redlock3``: ``RedLockBackend`` over 3 session-wide redis-servers;
+- ``zookeeper``: ``ZooKeeperBackend`` on one session-wide ZooKeeper server
+  (tests/support/zookeeper_servers.py), under a root znode of the test's own.
 
 A test marked ``@requires(CAPABILITY, ...)`` (``tests.contract.support``) is
 skipped on a backend whose class does not declare every one of them, the reason
@@ -19,6 +21,7 @@ kind is selected (``-k "not redlock"`` starts no RedLock servers).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,8 +32,9 @@ from stock_locks.backends.base import ALL_CAPABILITIES
 from tests.contract.support import backends_configured
 from tests.support.redis_cluster import shared_cluster
 from tests.support.redis_servers import RedisServer
+from tests.support.zookeeper_servers import ZooKeeperServer
 
-KINDS = ("redis", "redis_cluster", "redlock3")
+KINDS = ("redis", "redis_cluster", "redlock3", "zookeeper")
 REDLOCK_NODES = 3
 
 
@@ -52,6 +56,24 @@ def redlock_servers() -> Iterator[list[RedisServer]]:
     finally:
         for server in servers:
             server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    server = ZooKeeperServer()
+    try:
+        yield server.start()
+    finally:
+        server.cleanup()
+
+
+def zookeeper_backend(hosts: str, root: str, session_timeout: float = 4.0) -> dict[str, Any]:
+    """The BACKENDS entry of a ZooKeeperBackend on ``hosts`` under ``root``."""
+    return {
+        "BACKEND": "stock_locks.backends.zookeeper.ZooKeeperBackend",
+        "LOCATION": hosts,
+        "OPTIONS": {"ROOT": root, "SESSION_TIMEOUT": session_timeout},
+    }
 
 
 def _flush(server: RedisServer) -> None:
@@ -85,6 +107,10 @@ def _configure(kind: str, request: pytest.FixtureRequest) -> tuple[str, dict[str
             "LOCATION": [server.url for server in servers],
         }
         return kind, {kind: entry}
+    if kind == "zookeeper":
+        server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
+        # A root of the test's own: nothing another test left behind is in its way.
+        return kind, {kind: zookeeper_backend(server.hosts, f"/sl-{uuid.uuid4().hex[:12]}")}
     raise AssertionError(f"unknown backend kind {kind!r}")
 
 
