@@ -225,6 +225,8 @@ class ZooKeeperBackend(Backend):
         self._given_back = _Remembered()  # tokens of acquires that gave up
         self._waiting: set[threading.Event] = set()
         self._local = threading.local()
+        self._alive = threading.Event()  # cleared from a session's expiry to the next one
+        self._alive.set()
 
     def __repr__(self) -> str:
         return f"<ZooKeeperBackend {self.alias!r} {self.hosts}{self.root}>"
@@ -235,14 +237,26 @@ class ZooKeeperBackend(Backend):
     def client(self) -> KazooClient:
         """The kazoo client of this process, connected on first use."""
         client = self._kazoo
-        if client is not None and self._pid == os.getpid():
-            return client
-        with self._client_lock:
-            if self._pid != os.getpid():
-                self._reset()  # (the parent's client and grants are not this child's)
-            if self._kazoo is None:
-                self._kazoo = self._connect()
-            return self._kazoo
+        if client is None or self._pid != os.getpid():
+            with self._client_lock:
+                if self._pid != os.getpid():
+                    self._reset()  # (the parent's client and grants are not this child's)
+                if self._kazoo is None:
+                    self._kazoo = self._connect()
+                client = self._kazoo
+        if not self._alive.is_set() or client.state == KazooState.LOST:
+            # The session expired: kazoo refuses every request until it has a new one.
+            # (kazoo says LOST an instant before the listener clears ``_alive``.)
+            deadline = time.monotonic() + self.connect_timeout
+            while client.state == KazooState.LOST and time.monotonic() < deadline:
+                self._alive.wait(max(0.0, min(0.05, deadline - time.monotonic())))
+            if client.state == KazooState.LOST:
+                raise ZooKeeperUnavailable(
+                    f"ZooKeeper unavailable (backend {self.alias!r}): the session expired "
+                    f"and no new one within {self.connect_timeout}s",
+                    backend=self.alias,
+                )
+        return client
 
     def _connect(self) -> KazooClient:
         kwargs = {
@@ -276,8 +290,12 @@ class ZooKeeperBackend(Backend):
     def _on_state(self, state: str) -> None:
         # On kazoo's thread: must not block. LOST: the session expired, and with it
         # every ephemeral child of this process.
+        if state == KazooState.CONNECTED:
+            self._alive.set()
         if state != KazooState.LOST:
             return
+        if self._kazoo is not None:  # (not a first connection that failed)
+            self._alive.clear()
         with self._state_lock:
             held = list(self._held.values())
             waiting = list(self._waiting)
@@ -290,8 +308,14 @@ class ZooKeeperBackend(Backend):
             event.set()  # (their queued children are gone: look again)
 
     def execute(self, call: Call) -> Any:
+        operation = getattr(self, call.verb)
         try:
-            return getattr(self, call.verb)(*call.args, bounded=call.bounded)
+            try:
+                return operation(*call.args, bounded=call.bounded)
+            except SessionExpiredError:
+                # The session ended under this call: what it did there went with it (its
+                # children were ephemeral), so it runs once more, in the next session.
+                return operation(*call.args, bounded=call.bounded)
         except TRANSPORT_ERRORS as exc:
             raise ZooKeeperUnavailable(
                 f"ZooKeeper unavailable (backend {self.alias!r}): {type(exc).__name__} {exc}",
@@ -479,14 +503,18 @@ class ZooKeeperBackend(Backend):
             children = self._children(path, timeout)
 
     def _sleep_on(self, path: str, deadline: float, timeout: float) -> bool | None:
-        """Sleep until the znode ``path`` changes (True), or the deadline (False); None
-        when it is already gone."""
+        """Sleep until the znode ``path`` changes or goes (True), or the deadline
+        (False); None when it is already gone."""
         event = threading.Event()
 
         def woken(_: Any) -> None:
             event.set()
 
-        if self.client.exists_async(path, watch=woken).get(timeout=timeout) is None:
+        # A data watch (not exists(): on a missing znode that would stay registered
+        # until a znode of that name is created, which a sequential name never is).
+        try:
+            self.client.get_async(path, watch=woken).get(timeout=timeout)
+        except NoNodeError:
             return None
         with self._state_lock:
             self._waiting.add(event)

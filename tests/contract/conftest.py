@@ -21,7 +21,6 @@ kind is selected (``-k "not redlock"`` starts no RedLock servers).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,7 +31,11 @@ from stock_locks.backends.base import ALL_CAPABILITIES
 from tests.contract.support import backends_configured
 from tests.support.redis_cluster import shared_cluster
 from tests.support.redis_servers import RedisServer
-from tests.support.zookeeper_servers import ZooKeeperServer
+from tests.support.zookeeper_servers import (  # noqa: F401  (a fixture)
+    ZooKeeperServer,
+    zookeeper_backend,
+    zookeeper_server,
+)
 
 KINDS = ("redis", "redis_cluster", "redlock3", "zookeeper")
 REDLOCK_NODES = 3
@@ -56,24 +59,6 @@ def redlock_servers() -> Iterator[list[RedisServer]]:
     finally:
         for server in servers:
             server.cleanup()
-
-
-@pytest.fixture(scope="session")
-def zookeeper_server() -> Iterator[ZooKeeperServer]:
-    server = ZooKeeperServer()
-    try:
-        yield server.start()
-    finally:
-        server.cleanup()
-
-
-def zookeeper_backend(hosts: str, root: str, session_timeout: float = 4.0) -> dict[str, Any]:
-    """The BACKENDS entry of a ZooKeeperBackend on ``hosts`` under ``root``."""
-    return {
-        "BACKEND": "stock_locks.backends.zookeeper.ZooKeeperBackend",
-        "LOCATION": hosts,
-        "OPTIONS": {"ROOT": root, "SESSION_TIMEOUT": session_timeout},
-    }
 
 
 def _flush(server: RedisServer) -> None:
@@ -109,8 +94,7 @@ def _configure(kind: str, request: pytest.FixtureRequest) -> tuple[str, dict[str
         return kind, {kind: entry}
     if kind == "zookeeper":
         server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
-        # A root of the test's own: nothing another test left behind is in its way.
-        return kind, {kind: zookeeper_backend(server.hosts, f"/sl-{uuid.uuid4().hex[:12]}")}
+        return kind, {kind: zookeeper_backend(server.hosts)}  # (under a root of its own)
     raise AssertionError(f"unknown backend kind {kind!r}")
 
 

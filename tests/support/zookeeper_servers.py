@@ -3,7 +3,9 @@ free ports, a data directory of their own, stopped by PID.
 
 ``ZooKeeperServer().start()`` is one standalone server (most tests);
 ``ZooKeeperEnsemble(3).start()`` three peers that elect a leader (the failover
-tests). Both tick every ``TICK_MS`` so that sessions may be short (the server
+tests); the fixtures ``zookeeper_server`` (session-wide) and
+``zookeeper_ensemble`` (per test) start them, and a test module imports the
+fixture it uses. Both tick every ``TICK_MS`` so that sessions may be short (the server
 accepts session timeouts from 2 to 150 ticks) and a dead leader is noticed
 quickly (``SYNC_LIMIT`` ticks). The JVM flags trade throughput for start-up
 time; nothing is fsynced (a killed server keeps what it wrote: the kernel
@@ -22,7 +24,11 @@ import signal
 import socket
 import subprocess
 import tempfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from .redis_servers import free_port
 from .waiting import TIMEOUT, wait_until
@@ -211,3 +217,36 @@ class ZooKeeperEnsemble:
     def cleanup(self) -> None:
         for member in self.members:
             member.cleanup()
+
+
+def zookeeper_backend(hosts: str, root: str | None = None, session_timeout: float = 4.0) -> dict:
+    """The BACKENDS entry of a ZooKeeperBackend on ``hosts`` under ``root`` (default: a
+    root of its own, so that nothing another test left behind is in its way)."""
+    return {
+        "BACKEND": "stock_locks.backends.zookeeper.ZooKeeperBackend",
+        "LOCATION": hosts,
+        "OPTIONS": {
+            "ROOT": root or f"/sl-{uuid.uuid4().hex[:12]}",
+            "SESSION_TIMEOUT": session_timeout,
+        },
+    }
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    """One standalone ZooKeeper server for the whole session (tests use roots of their own)."""
+    server = ZooKeeperServer()
+    try:
+        yield server.start()
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture
+def zookeeper_ensemble() -> Iterator[ZooKeeperEnsemble]:
+    """A 3-node ensemble of the test's own (it may kill its members)."""
+    ensemble = ZooKeeperEnsemble(3)
+    try:
+        yield ensemble.start()
+    finally:
+        ensemble.cleanup()
