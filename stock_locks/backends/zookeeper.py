@@ -223,6 +223,7 @@ class ZooKeeperBackend(Backend):
         self._released = _Remembered()  # (lock path, token) released or maybe released
         self._forced = _Remembered()  # (lock path, token) force-released from here
         self._given_back = _Remembered()  # tokens of acquires that gave up
+        self._orphans: dict[tuple[str, str], None] = {}  # give-backs that failed: (path, token)
         self._waiting: set[threading.Event] = set()
         self._local = threading.local()
         self._alive = threading.Event()  # cleared from a session's expiry to the next one
@@ -292,6 +293,8 @@ class ZooKeeperBackend(Backend):
         # every ephemeral child of this process.
         if state == KazooState.CONNECTED:
             self._alive.set()
+            if self._orphans and self._kazoo is not None:
+                self._kazoo.handler.spawn(self._sweep)
         if state != KazooState.LOST:
             return
         if self._kazoo is not None:  # (not a first connection that failed)
@@ -437,6 +440,13 @@ class ZooKeeperBackend(Backend):
         if queued is None or queued[0] != token:
             child, czxid, children = self._enqueue(path, token, record, timeout)
         ordered = queue_order(children)
+        if self._orphans and any((path, token_of(c)) in self._orphans for c in ordered):
+            orphans = [c for c in ordered if (path, token_of(c)) in self._orphans]
+            self._delete([f"{path}/{c}" for c in orphans], timeout)
+            ordered = [c for c in ordered if c not in orphans]
+            with self._state_lock:
+                for c in orphans:
+                    self._orphans.pop((path, token_of(c)), None)
         mine = [c for c in ordered if token_of(c) == token]
         if mine and ordered[0] == mine[0]:
             if len(mine) > 1:  # a repeated try's: keep the oldest
@@ -553,18 +563,40 @@ class ZooKeeperBackend(Backend):
         if grant is not None and grant.lost:
             self._forget(token)
             return NOT_OWNED
-        if grant is not None and mode == "release":
-            paths = [grant.path]
-        else:
-            paths = sorted({*self._own(path, token, timeout), *([grant.path] if grant else [])})
         before = key in self._released  # an earlier call of this process sent the delete
         self._released.add(key)  # (kept when this reply is lost: the repeat recognises it)
-        deleted = self._delete(paths, timeout) if paths else 0
+        try:
+            if grant is not None and mode == "release":
+                paths = [grant.path]
+            else:
+                paths = sorted({*self._own(path, token, timeout), *([grant.path] if grant else [])})
+            deleted = self._delete(paths, timeout) if paths else 0
+        except TRANSPORT_ERRORS:
+            if mode != "release":
+                # A child nobody will release would hold the queue for the session's life:
+                # deleted on reconnection, or by this process's next try of the lock.
+                with self._state_lock:
+                    self._orphans[key] = None
+            raise
         self._forget(token)
         if deleted or before:
             return RELEASED
         self._released.discard(key)
         return NOT_OWNED
+
+    def _sweep(self) -> None:
+        """Delete the children of give-backs that failed (on kazoo's handler, after a
+        reconnection); what fails again stays for the next reconnection or try."""
+        with self._state_lock:
+            orphans = list(self._orphans)
+        for path, token in orphans:
+            try:
+                self._delete(self._own(path, token, self.operation_timeout),
+                             self.operation_timeout)  # fmt: skip
+            except TRANSPORT_ERRORS:
+                continue
+            with self._state_lock:
+                self._orphans.pop((path, token), None)
 
     def _count_down(self, grant: _Held | None, token: str, depth: int, timeout: float) -> int:
         if grant is None or grant.lost:
