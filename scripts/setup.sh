@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-command setup for stock_locks (Debian 12, Python >= 3.11; root or not).
 #
-#   scripts/setup.sh                 venv + deps, redis-server and chromium binaries, PostgreSQL -> .cache/env.sh
+#   scripts/setup.sh                 venv + deps, redis-server, zookeeper and chromium binaries,
+#                                    PostgreSQL -> .cache/env.sh
 #   scripts/setup.sh --no-services   venv + deps only (enough for lint)
 #   scripts/setup.sh --lowest        also .cache/venv-lowest: the lowest versions pyproject.toml
 #                                    allows (requirements-min.txt), for the second test run
@@ -134,6 +135,17 @@ ensure_redis_binary() {
     log "redis-server not found"
     apt_install redis-server
     command -v redis-server >/dev/null 2>&1 || die "redis-server still not on PATH after install"
+}
+
+# --------------------------------------------------------------------------- zookeeper
+
+# The ZooKeeper backend's tests start private servers from Debian's package (its jar
+# /usr/share/java/zookeeper.jar; java comes as a dependency). Nothing is started here.
+ensure_zookeeper() {
+    [[ -f /usr/share/java/zookeeper.jar ]] && command -v java >/dev/null 2>&1 && return 0
+    log "zookeeper (Debian's package) not found (the ZooKeeper backend's tests need it)"
+    apt_install zookeeper
+    [[ -f /usr/share/java/zookeeper.jar ]] || die "/usr/share/java/zookeeper.jar still missing after install"
 }
 
 # --------------------------------------------------------------------------- chromium
@@ -427,6 +439,7 @@ main() {
     fi
     [[ "$services" -eq 1 ]] || { log "venv ready (--no-services)"; return 0; }
     ensure_redis_binary
+    ensure_zookeeper
     ensure_chromium
     choose_database
     write_env_file

@@ -4,7 +4,8 @@ Held locks are read from the held-locks index the lock scripts keep (a sorted
 set of names scored by lease end; ``stock_locks.keys``), so listing them costs
 what the held locks are, not what the keyspace is: all names are read in one
 round trip, sorted, and only one page of them is read in detail, in one
-pipelined round trip. Semaphores and delay queues are found with SCAN (a page
+pipelined round trip. Locks on a ZooKeeper backend alias are listed beside them,
+one table per alias (:func:`backend_locks`). Semaphores and delay queues are found with SCAN (a page
 of ``SCAN_COUNT`` keys per call, never KEYS). Values are JSON-ready (times as
 ISO 8601 strings, durations in seconds).
 """
@@ -21,6 +22,7 @@ from .backends.redis import parse_record
 from .conf import settings
 from .connection import decoded, get_redis, is_cluster, refresh_slot_map
 from .delayqueue import DelayQueue
+from .holder import LockInfo
 from .keys import (
     SLOTS,
     lock_index_key,
@@ -29,6 +31,7 @@ from .keys import (
     semaphore_scan_pattern,
     unescape_name,
 )
+from .lease import Call
 from .semaphores import semaphore_state
 
 SCAN_COUNT = 1000  # keys Redis looks at per SCAN call
@@ -185,6 +188,53 @@ def lock_holder(name: str, client: Any = None) -> dict[str, Any] | None:
     return info
 
 
+# Backends (besides the default Redis) whose held locks the page lists, one table each.
+LISTED_BACKENDS = ("stock_locks.backends.zookeeper.ZooKeeperBackend",)
+
+
+def backend_locks(search: str = "") -> list[dict[str, Any]]:
+    """Held locks of every configured ZooKeeper backend, per alias: its holders with
+    their metadata (first ``PAGE_SIZE`` names matching ``search``), or the error
+    that kept it from answering (the rest of the page still renders)."""
+    from .backends import aliases, backend_config, get_backend
+    from .exceptions import BackendUnavailable
+
+    out = []
+    for alias in aliases():
+        if backend_config(alias)["BACKEND"] not in LISTED_BACKENDS:
+            continue
+        backend = get_backend(alias)
+        entry: dict[str, Any] = {"alias": alias, "where": str(backend), "error": None}
+        try:
+            names = backend.execute(Call("held_lock_names", ()))
+            names = [name for name in names if search in name]
+            shown = [(name, backend.lock_keys(name)) for name in names[:PAGE_SIZE]]
+            infos = backend.execute(Call("inspect_many", (shown,))) if shown else []
+        except BackendUnavailable as exc:
+            out.append({**entry, "error": str(exc), "total": 0, "rows": []})
+            continue
+        rows = [_lock_row(info) for info in infos if info is not None]
+        out.append({**entry, "total": len(names), "rows": rows})
+    return out
+
+
+def _lock_row(info: LockInfo) -> dict[str, Any]:
+    """A :class:`LockInfo` as a row of a held-locks table (the token shortened)."""
+    return {
+        "name": info.name,
+        "token": info.token[:TOKEN_SHOWN],
+        "fence": info.fence,
+        "count": info.count,
+        "host": info.host,
+        "pid": info.pid,
+        "thread": info.thread,
+        "caller": info.caller,
+        "acquired_at": info.acquired_at.isoformat() if info.acquired_at else None,
+        "lease_remaining": info.remaining,
+        "watchdog": info.watchdog,
+    }
+
+
 def semaphores(client: Any = None) -> list[dict[str, Any]]:
     """Every semaphore with live holders: name, limit, holders with remaining lease."""
     client = client or get_redis()
@@ -252,6 +302,7 @@ def snapshot(lock_search: str = "", lock_page_number: int = 1) -> dict[str, Any]
     return {
         "generated_at": timezone.now().isoformat(),
         "locks": lock_page(lock_search, lock_page_number, client),
+        "backend_locks": backend_locks(lock_search),
         "semaphores": semaphores(client),
         "delay_queues": delay_queues(client),
         "stock": stock(),

@@ -71,6 +71,11 @@ class RedisUnavailable(BackendUnavailable):
     timeout, a server loading its data or turned read-only by a failover)."""
 
 
+class ZooKeeperUnavailable(BackendUnavailable):
+    """The ZooKeeper ensemble could not be reached, did not answer in time, or ended
+    this client's session (a request's outcome is then unknown)."""
+
+
 class OutOfStock(StockLocksError):
     """A cart line asked for more than is available. Nothing was reserved."""
 

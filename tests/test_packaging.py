@@ -27,7 +27,8 @@ def _pyproject() -> dict:
 
 def test_lowest_requirements_pin_every_lower_bound_of_pyproject():
     project = _pyproject()["project"]
-    declared = [*project["dependencies"], *project["optional-dependencies"]["celery"]]
+    extras = project["optional-dependencies"]
+    declared = [*project["dependencies"], *extras["celery"], *extras["zookeeper"]]
     bounds = {}
     for spec in declared:
         match = LOWER.match(spec.replace(" ", ""))

@@ -8,7 +8,9 @@ rest of the suite's STOCK_LOCKS kept) at real servers, empty at the start:
 - ``redis_cluster``: ``RedisBackend`` on the test process's one Redis Cluster (3
   masters, 3 replicas; :func:`~tests.support.redis_cluster.shared_cluster`, the
   one tests/cluster uses too);
-- ``redlock3``: ``RedLockBackend`` over 3 session-wide redis-servers.
+- ``redlock3``: ``RedLockBackend`` over 3 session-wide redis-servers;
+- ``zookeeper``: ``ZooKeeperBackend`` on one session-wide ZooKeeper server
+  (tests/support/zookeeper_servers.py), under a root znode of the test's own.
 
 Each kind runs in both execution modes (``tests.contract.modes``): ``sync``, and
 ``async`` (the ``stock_locks.aio`` twins, same test bodies) on a backend that
@@ -32,8 +34,13 @@ from tests.contract import modes
 from tests.contract.support import backends_configured
 from tests.support.redis_cluster import shared_cluster
 from tests.support.redis_servers import RedisServer
+from tests.support.zookeeper_servers import (  # noqa: F401  (a fixture)
+    ZooKeeperServer,
+    zookeeper_backend,
+    zookeeper_server,
+)
 
-KINDS = ("redis", "redis_cluster", "redlock3")
+KINDS = ("redis", "redis_cluster", "redlock3", "zookeeper")
 REDLOCK_NODES = 3
 
 
@@ -88,6 +95,9 @@ def _configure(kind: str, request: pytest.FixtureRequest) -> tuple[str, dict[str
             "LOCATION": [server.url for server in servers],
         }
         return kind, {kind: entry}
+    if kind == "zookeeper":
+        server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
+        return kind, {kind: zookeeper_backend(server.hosts)}  # (under a root of its own)
     raise AssertionError(f"unknown backend kind {kind!r}")
 
 
