@@ -67,13 +67,13 @@ from typing import Any, NamedTuple
 from urllib.parse import quote, unquote
 
 from django.core.exceptions import ImproperlyConfigured
+from kazoo import exceptions as kazoo_errors
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     ConnectionLoss,
     NodeExistsError,
     NoNodeError,
     OperationTimeoutError,
-    RequestTimeoutError,
     SessionExpiredError,
     SessionMovedError,
     ZookeeperStoppedError,
@@ -95,6 +95,10 @@ SESSION_TIMEOUT = 10.0  # seconds: how long the ensemble keeps a silent client's
 CONNECT_TIMEOUT = 5.0  # seconds: the longest the first call waits to connect
 REMEMBERED = 4096  # released, forced and given-back tokens this process remembers
 
+# (kazoo >= 2.11; before, a request's timeout is an OperationTimeoutError)
+RequestTimeoutError: type[Exception] = getattr(
+    kazoo_errors, "RequestTimeoutError", OperationTimeoutError
+)
 # Errors after which a request may or may not have run.
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionLoss, SessionExpiredError, OperationTimeoutError, RequestTimeoutError,
