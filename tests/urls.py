@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 from django.http import JsonResponse
-from django.urls import path
+from django.urls import include, path
 from django.views import View
 
 from stock_locks import lock_model, locked
@@ -36,4 +36,5 @@ urlpatterns = [
     path("orders/<int:order_id>/", OrderView.as_view()),
     path("items/<int:pk>/restock/", restock),
     path("me/", async_profile),
+    path("asgi/", include("tests.asgi_views")),  # tests/test_aio_asgi.py (uvicorn)
 ]
