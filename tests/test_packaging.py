@@ -28,7 +28,12 @@ def _pyproject() -> dict:
 def test_lowest_requirements_pin_every_lower_bound_of_pyproject():
     project = _pyproject()["project"]
     extras = project["optional-dependencies"]
-    declared = [*project["dependencies"], *extras["celery"], *extras["zookeeper"]]
+    declared = [
+        *project["dependencies"],
+        *extras["celery"],
+        *extras["zookeeper"],
+        *extras["prometheus"],
+    ]
     bounds = {}
     for spec in declared:
         match = LOWER.match(spec.replace(" ", ""))
