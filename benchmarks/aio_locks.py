@@ -37,15 +37,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-async def _cycles(acquire, release, seconds: float) -> float:
-    count, start = 0, time.perf_counter()
+async def _cycles(acquire, release, seconds: float) -> tuple[float, float]:
+    """(cycles/s, this process's CPU microseconds per cycle)."""
+    count, start, cpu = 0, time.perf_counter(), time.process_time()
     deadline = start + seconds
     while True:
         await acquire()
         await release()
         count += 1
         if count % 20 == 0 and time.perf_counter() >= deadline:
-            return count / (time.perf_counter() - start)
+            used = time.process_time() - cpu
+            return count / (time.perf_counter() - start), used / count * 1e6
 
 
 async def uncontended(url: str, args: argparse.Namespace) -> list[str]:
@@ -68,6 +70,7 @@ async def uncontended(url: str, args: argparse.Namespace) -> list[str]:
         "stock_locks.Lock (sync)": (sync_acquire, sync_release),
     }
     rates: dict[str, list[float]] = {name: [] for name in contenders}
+    cpu: dict[str, list[float]] = {name: [] for name in contenders}
     ratios: dict[str, list[float]] = {name: [] for name in contenders}
     for acquire, release in contenders.values():  # warm-up: scripts, connections
         await _cycles(acquire, release, 0.1)
@@ -75,8 +78,9 @@ async def uncontended(url: str, args: argparse.Namespace) -> list[str]:
         this_round = {}
         for name in support.rotated(list(contenders), r):
             acquire, release = contenders[name]
-            this_round[name] = await _cycles(acquire, release, args.seconds)
+            this_round[name], used = await _cycles(acquire, release, args.seconds)
             rates[name].append(this_round[name])
+            cpu[name].append(used)
         for name in contenders:
             ratios[name].append(this_round[name] / this_round["redis-py asyncio Lock"])
     await theirs_client.aclose()
@@ -86,13 +90,16 @@ async def uncontended(url: str, args: argparse.Namespace) -> list[str]:
             f"{support.median(rates[name]):,.0f}",
             f"{support.median(ratios[name]):.2f}x",
             f"{min(ratios[name]):.2f}-{max(ratios[name]):.2f}",
+            f"{support.median(cpu[name]):.0f}",
         )
         for name in contenders
     ]
     ours_ratio = support.median(ratios["aio.Lock"])
     return [
         f"(a) uncontended acquire+release, {args.rounds} rounds of {args.seconds}s each",
-        support.table(["contender", "cycles/s", "vs redis-py asyncio", "min-max"], rows),
+        support.table(
+            ["contender", "cycles/s", "vs redis-py asyncio", "min-max", "client CPU us/cycle"], rows
+        ),
         f"target aio.Lock >= 1.0x redis-py's asyncio Lock: {ours_ratio:.2f}x "
         f"{support.verdict(ours_ratio >= 1.0)}",
     ]

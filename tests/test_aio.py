@@ -118,3 +118,33 @@ def test_the_loops_clients_close_with_the_loop(redis_client):
 
     assert asyncio.run(main()) > before
     assert _connections(redis_client) == before  # asyncio.run's end closed them
+
+
+def test_the_pool_bound_queues_callers_and_times_out_with_a_clear_error(redis_server):
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from stock_locks.aio.redis import BoundedConnectionPool
+
+    async def main() -> None:
+        pool = BoundedConnectionPool.from_url(redis_server.url, max_connections=2, timeout=30)
+        first, second = await pool.get_connection(), await pool.get_connection()
+        assert pool.take_idle() is None  # nothing idle: both are in use
+        gives_up = asyncio.create_task(pool.get_connection())
+        waits = asyncio.create_task(pool.get_connection())
+        await eventually(lambda: len(pool._waiters) == 2, what="two callers queued")
+        gives_up.cancel()  # a caller that stops waiting leaves no turn behind
+        await eventually(lambda: len(pool._waiters) == 1, what="the cancelled caller gone")
+        await pool.release(first)
+        third = await waits  # the released connection, to the caller still waiting
+        assert third is first and len(pool._in_use_connections) == 2
+        pool.timeout = 0.05
+        with pytest.raises(RedisConnectionError, match="No connection available"):
+            await pool.get_connection()
+        assert not pool._waiters
+        pool.put_back(second)  # the no-I/O return; take_idle hands it out again
+        assert pool.take_idle() is second and len(pool._in_use_connections) == 2
+        pool.put_back(second)
+        await pool.release(third)
+        await pool.disconnect()
+
+    asyncio.run(main())
