@@ -90,6 +90,11 @@ DEFAULTS: dict[str, Any] = {
     # base of its jittered exponential backoff between them, seconds.
     "WATCH_ATTEMPTS": 50,
     "WATCH_BACKOFF": 0.001,
+    # The lua strategy answers a cart asking more of a SKU than Redis last said was
+    # left, without a round trip, until units of it come back (announced on pub/sub)
+    # and for at most this many seconds after that refusal; 0 turns it off
+    # (stock_locks.stock.soldout).
+    "SOLD_OUT_TTL": 1.0,
     # Reservations made with a ttl: the delay queue their expiry items go to (it
     # must be one of DELAY_QUEUES). The sweeper (Celery beat, every SWEEP_INTERVAL
     # seconds) expires reservations overdue by more than SWEEP_GRACE seconds that

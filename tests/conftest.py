@@ -27,6 +27,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
+from stock_locks.stock import soldout
 from tests.settings import redis_db, redlock_backend
 from tests.support.redis_servers import RedisServer
 
@@ -61,6 +62,7 @@ def _default_cache_at(url: str) -> Iterator[None]:
 def redis_client(redis_server: RedisServer):
     client = redis_server.client()
     client.flushall()
+    soldout.reset()  # FLUSHALL announces nothing: no sold-out SKU of a previous test
     yield client
     client.close()
 

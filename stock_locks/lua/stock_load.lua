@@ -6,7 +6,9 @@
 -- ARGV[3i] the level read from the database
 --
 -- Returns, per counter: 1 set now, 0 it already existed (left alone), -1 the
--- version moved since it was read (nothing set: read again).
+-- version moved since it was read (nothing set: read again). A counter set now
+-- bumps its version and is announced, as in stock_release.lua (a client that saw
+-- the SKU short before Redis lost it asks again).
 local done = {}
 for i = 2, #KEYS do
   local sku, seen, level = ARGV[3 * i - 5], ARGV[3 * i - 4], ARGV[3 * i - 3]
@@ -16,6 +18,8 @@ for i = 2, #KEYS do
     done[#done + 1] = -1
   else
     redis.call('SET', KEYS[i], level)
+    local version = redis.call('HINCRBY', KEYS[1], sku, 1)
+    redis.call('PUBLISH', KEYS[1], version .. ' ' .. sku)
     done[#done + 1] = 1
   end
 end

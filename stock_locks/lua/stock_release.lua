@@ -2,7 +2,9 @@
 --
 -- KEYS[1] the order's reservation record (hash sku -> qty)
 -- KEYS[2] index of open reservation records
--- KEYS[3] the "loaded" marker      KEYS[4] move versions (hash sku -> version)
+-- KEYS[3] the "loaded" marker      KEYS[4] move versions (hash sku -> version;
+--         its name is also the channel where units coming back are announced:
+--         "<new version> <sku>", see stock_locks/stock/soldout.py)
 -- KEYS[5..n+4] the available-stock counter of each line
 -- ARGV[1] order ref     ARGV[2..n+1] SKU of each line (same order as the counters)
 --
@@ -22,7 +24,9 @@ for i = 1, #KEYS - 4 do
     if redis.call('EXISTS', KEYS[i + 4]) == 1 then
       redis.call('INCRBY', KEYS[i + 4], qty)
     end
-    redis.call('HINCRBY', KEYS[4], ARGV[i + 1], 1)  -- a loader that read before reads again
+    -- (a loader that read before reads again; a client that saw the SKU short asks again)
+    local version = redis.call('HINCRBY', KEYS[4], ARGV[i + 1], 1)
+    redis.call('PUBLISH', KEYS[4], version .. ' ' .. ARGV[i + 1])
   end
 end
 redis.call('DEL', KEYS[1])

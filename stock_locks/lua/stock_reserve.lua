@@ -11,7 +11,9 @@
 --
 -- Returns {1, now_ms}       reserved: counters decremented, record written
 --         {2, now_ms}       this order ref already holds a record: nothing moved
---         {0, i, avail}     line i (1-based) asks more than avail: nothing moved
+--         {0, i, avail, v}  line i (1-based) asks more than avail: nothing moved;
+--                           v is its SKU's move version (a client may answer the
+--                           same refusal itself until a later version is announced)
 --         {3, i, ...}       the counters of lines i, ... are not loaded: nothing moved
 --         {4}               Redis lost its data (no marker): nothing moved
 -- (now_ms is the Redis clock, for the reservation's due time.)
@@ -30,7 +32,7 @@ for i = 1, n do
   if not avail then
     missing[#missing + 1] = i
   elseif #missing == 1 and tonumber(avail) < tonumber(ARGV[i + 1]) then
-    return {0, i, tonumber(avail)}
+    return {0, i, tonumber(avail), tonumber(redis.call('HGET', KEYS[4], ARGV[n + i + 1]) or '0')}
   end
 end
 if #missing > 1 then

@@ -185,6 +185,7 @@ class StockStrategy(ABC):
         from .. import scripts
         from ..connection import get_redis
         from ..keys import StockKeys
+        from .soldout import units_back
 
         keys = StockKeys()
         counters = [keys.counter(sku) for sku in lines]
@@ -193,6 +194,8 @@ class StockStrategy(ABC):
         def move() -> None:
             try:
                 scripts.STOCK_CORRECT([keys.versions, *counters], args, client=get_redis())
+                if sign > 0:
+                    units_back(lines)
             except REDIS_OR_OS_ERRORS as exc:
                 log.info("Redis counters of %s not moved (%s); the sweeper will", list(lines), exc)
 

@@ -36,6 +36,7 @@ from ..models import Reservation
 from .base import StockStrategy
 from .cart import Cart
 from .ledger import existing_reservation, repeat_of
+from .soldout import units_back
 
 log = logging.getLogger("stock_locks.stock")
 
@@ -171,7 +172,9 @@ class RedisStockStrategy(StockStrategy):
             self.keys.versions,
             *map(self.keys.counter, skus),
         ]
-        return scripts.STOCK_RELEASE(keys, [order_ref, *skus], client=self.redis)
+        outcome = scripts.STOCK_RELEASE(keys, [order_ref, *skus], client=self.redis)
+        units_back(skus)
+        return outcome
 
     def after_release(self, reservation: Reservation, released_now: bool) -> None:
         try:

@@ -22,6 +22,7 @@ from ..lease import arun, run
 from ..models import Reservation
 from .cart import Cart
 from .counters import REDIS_DOWN, RedisStockStrategy, stock_backend
+from .soldout import cache_for
 
 # stock_reserve.lua's reply codes
 SHORT, RESERVED, ALREADY_RESERVED, NOT_LOADED, DATA_LOST = 0, 1, 2, 3, 4
@@ -42,14 +43,21 @@ class LuaStrategy(RedisStockStrategy):
         k = self.keys
         keys = [k.record(order_ref), k.index, k.loaded, k.versions, *map(k.counter, skus)]
         argv: list[Any] = [order_ref, *lines.values(), *skus]
+        sold_out = cache_for(self.redis, k.versions)
         for _ in range(MAX_LOADS):
+            if sold_out is not None:
+                if short := sold_out.short_line(lines):
+                    raise OutOfStock(*short)
+                ticket = sold_out.ticket()
             reply = yield Eval(scripts.STOCK_RESERVE, keys, argv)
             code = reply[0]
             if code in (RESERVED, ALREADY_RESERVED):
                 return code == RESERVED, int(reply[1]), 0
             if code == SHORT:
-                sku = skus[reply[1] - 1]
-                raise OutOfStock(sku, lines[sku], int(reply[2]))
+                sku, avail = skus[reply[1] - 1], int(reply[2])
+                if sold_out is not None:
+                    sold_out.refused(ticket, sku, avail, int(reply[3]))
+                raise OutOfStock(sku, lines[sku], avail)
             # (rare, and bound to the database: under asyncio these run in a thread)
             if code == DATA_LOST:
                 yield Tool(lambda _client: self.restore_after_data_loss())

@@ -50,6 +50,7 @@ from ..connection import decoded, get_redis, on_node
 from ..keys import StockKeys
 from ..models import Reservation
 from .cart import unknown_sku
+from .soldout import units_back
 from .table import StockModel
 
 log = logging.getLogger("stock_locks.stock.reconcile")
@@ -304,9 +305,11 @@ def _tombstone(order_ref: str, lines: dict[str, int]) -> bool:
 def _release_record(client: Any, keys: StockKeys, ref: str, lines: dict[str, int]) -> int:
     skus = list(lines)
     stock_keys = [keys.record(ref), keys.index, keys.loaded, keys.versions]
-    return scripts.STOCK_RELEASE(
+    outcome = scripts.STOCK_RELEASE(
         [*stock_keys, *map(keys.counter, skus)], [ref, *skus], client=client
     )
+    units_back(skus)
+    return outcome
 
 
 def adopt_open_rows(client: Any = None) -> list[str]:
@@ -368,6 +371,7 @@ def correct_counters(
         counters.append(keys.counter(row.sku))
         args += [row.sku, row.version, -row.drift]
     done = scripts.STOCK_CORRECT([keys.versions, *counters], args, client=client)
+    units_back(row.sku for row in drifting if row.drift < 0)
     for row, ok in zip(drifting, done, strict=True):
         if ok:
             result.corrected[row.sku] = -row.drift
@@ -417,6 +421,7 @@ def load_missing_counters(skus: list[str], client: Any = None) -> dict[str, int]
         args = [v for sku, ver in zip(pending, seen, strict=True)
                 for v in (sku, decoded(ver) if ver is not None else "0", levels[sku])]  # fmt: skip
         done = scripts.STOCK_LOAD([keys.versions, *map(keys.counter, pending)], args, client=client)
+        units_back(pending)
         pending = [sku for sku, outcome in zip(pending, done, strict=True) if outcome == -1]
         if not pending:
             break

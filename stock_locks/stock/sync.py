@@ -31,6 +31,7 @@ from ..exceptions import InvalidQuantity, OutOfStock
 from ..keys import StockKeys
 from .cart import check_text, unknown_sku
 from .reconcile import load_missing_counters
+from .soldout import units_back
 from .table import StockModel
 
 log = logging.getLogger("stock_locks.stock.sync")
@@ -82,6 +83,8 @@ def _incr_if_loaded(sku: str, units: int) -> None:
 
     keys = StockKeys()
     scripts.STOCK_CORRECT([keys.versions, keys.counter(sku)], [sku, "", units], client=get_redis())
+    if units > 0:
+        units_back([sku])
 
 
 def stock_changed(*skus: str) -> bool:
