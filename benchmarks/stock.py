@@ -12,7 +12,10 @@ b. One hot SKU whose stock never runs out (10**9): P processes each loop
    tables vacuumed between contenders; the contenders run in interleaved
    rounds with the order rotated, because the machine is shared and noisy.
 c. The flash sale (the design's headline): ``stock_locks.stress.run_stress``,
-   1,000 units, 10,000 buyers, 16 processes, every strategy, in rounds.
+   1,000 units, 10,000 buyers, 16 processes, every strategy, in rounds; beside
+   them ``lua`` with its sold-out cache off, and the same attempts as a bare
+   Lua decrement (EVALSHA of GET/DECRBY, no database, no record) on the same
+   Redis: what Redis alone allows.
 
 Everything runs against a private redis-server and a dedicated PostgreSQL
 database (``stock_locks_bench`` on 127.0.0.1, created and migrated when
@@ -57,6 +60,14 @@ SEGMENT = 0.2  # seconds, one call's share of one ceiling round
 CEILING_TARGET = 0.7  # lua's Redis half per process vs raw EVALSHA of `return 1`
 HOT_TARGET = 3.0  # lua (with its DB write) vs db_row_lock at the most processes
 FLASH_TARGET = 5.0  # flash sale attempts/s, lua vs db_row_lock
+BARE_TARGET = 0.6  # flash sale attempts/s, lua vs a bare Lua decrement (no database)
+BARE = "bare EVALSHA decrement"  # the flash sale's Redis-only reference (no database)
+NO_CACHE = "lua, SOLD_OUT_TTL=0"  # lua without its sold-out cache: every refusal asks Redis
+BARE_DECREMENT = (
+    "local left = tonumber(redis.call('GET', KEYS[1]) or '0') "
+    "if left < tonumber(ARGV[1]) then return 0 end "
+    "redis.call('DECRBY', KEYS[1], ARGV[1]) return 1"
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -511,9 +522,12 @@ def flash(args) -> tuple[list[str], dict]:
         prefix=FLASH_PREFIX,
         fields={"name": "Flash sale"},
     )
-    runs: dict[str, list] = {name: [] for name in args.strategies}
+    names = list(args.strategies)
+    if "lua" in names:
+        names += [NO_CACHE, BARE]
+    runs: dict[str, list] = {name: [] for name in names}
     for r in range(args.flash_rounds):
-        for name in support.rotated(args.strategies, r):
+        for name in support.rotated(names, r):
             support.progress(
                 f"flash sale round {r + 1}/{args.flash_rounds}: {name} "
                 f"({config.buyers} buyers, {config.processes} processes)"
@@ -523,9 +537,18 @@ def flash(args) -> tuple[list[str], dict]:
             get_redis().flushall()
             vacuum()
             connections.close_all()  # run_stress forks its workers
-            runs[name].append(run_stress(config, name))
+            if name == BARE:
+                runs[name].append(bare_flash(config))
+            elif name == NO_CACHE:
+                override = support.configure_stock_locks(SOLD_OUT_TTL=0)
+                try:
+                    runs[name].append(run_stress(config, "lua"))
+                finally:
+                    override.disable()
+            else:
+                runs[name].append(run_stress(config, name))
     rows = []
-    for name in args.strategies:
+    for name in names:
         for r, res in enumerate(runs[name]):
             rows.append(
                 [
@@ -547,16 +570,16 @@ def flash(args) -> tuple[list[str], dict]:
                 ]
             )
 
-    def paired(name: str) -> list[float]:
-        if BASELINE not in runs:
+    def paired(name: str, baseline: str = BASELINE) -> list[float]:
+        if baseline not in runs:
             return []
         return [
             ratio(a.throughput_per_s, b.throughput_per_s)
-            for a, b in zip(runs[name], runs[BASELINE], strict=True)
+            for a, b in zip(runs[name], runs[baseline], strict=True)
         ]
 
     side = []
-    for name in args.strategies:
+    for name in names:
         rates = [res.throughput_per_s for res in runs[name]]
         pairs = paired(name)
         side.append(
@@ -613,6 +636,61 @@ def flash(args) -> tuple[list[str], dict]:
         if samples:
             lines.append(f"  {name} errors, e.g. {samples[0]}")
     return lines, {"runs": runs, "paired": paired}
+
+
+def bare_flash(config):
+    """The flash sale's attempts as a bare Lua decrement on the same Redis, in as many
+    forked processes, timed like run_stress (start signal to the last report)."""
+    import multiprocessing
+
+    from stock_locks.connection import get_redis
+    from stock_locks.stress import StressResult
+
+    client, key = get_redis(), f"{{{FLASH_PREFIX}}}:bare"
+    client.set(key, config.stock)
+    sha = client.script_load(BARE_DECREMENT)
+    ctx = multiprocessing.get_context("fork")
+    start, results = ctx.Event(), ctx.Queue()
+    share, extra = divmod(config.buyers, config.processes)
+    workers = [
+        ctx.Process(target=_bare_buyer, args=(sha, key, share + (i < extra), start, results))
+        for i in range(config.processes)
+    ]
+    for worker in workers:
+        worker.start()
+    time.sleep(0.5)  # let them connect: their first round trip is not the sale's
+    began = time.perf_counter()
+    start.set()
+    outcomes = [results.get(timeout=300) for _ in workers]
+    seconds = time.perf_counter() - began
+    for worker in workers:
+        worker.join()
+    sold = sum(o[0] for o in outcomes)
+    latencies = sorted(x for o in outcomes for x in o[1])
+    final = int(client.get(key))
+    client.delete(key)
+    return StressResult(
+        strategy=BARE, attempts=config.buyers, sold=sold, refused=config.buyers - sold,
+        errors=0, oversold=max(0, sold - config.stock), final_stock=final, drift=0,
+        throughput_per_s=config.buyers / seconds,
+        p50_ms=support.percentile(latencies, 50) * 1000,
+        p99_ms=support.percentile(latencies, 99) * 1000, retries=0, orders=sold,
+        initial_stock=config.stock, conserved=sold + final == config.stock, seconds=seconds,
+    )  # fmt: skip
+
+
+def _bare_buyer(sha, key, attempts, start, results) -> None:  # forked
+    from stock_locks.connection import get_redis
+
+    client = get_redis()
+    client.ping()
+    start.wait()
+    sold, latencies = 0, array("d")
+    for _ in range(attempts):
+        began = time.perf_counter()
+        sold += client.evalsha(sha, 1, key, 1)
+        latencies.append(time.perf_counter() - began)
+    results.put((sold, list(latencies)))
 
 
 # -- report -------------------------------------------------------------------------
@@ -678,6 +756,16 @@ def targets(args, ceiling_result, hot_result, flash_result) -> list[str]:
                 + ", ".join(f"{p:.2f}" for p in pairs)
                 + ")"
             )
+        for name in ("lua", NO_CACHE):
+            if name in runs and BARE in runs:
+                pairs = flash_result["paired"](name, BARE)
+                r = support.median(pairs)
+                lines.append(
+                    f"  flash sale {name} / {BARE} attempts/s = {r:.2f}x >= {BARE_TARGET:g}x: "
+                    f"{support.verdict(r >= BARE_TARGET)}  (rounds: "
+                    + ", ".join(f"{p:.2f}" for p in pairs)
+                    + ")"
+                )
         oversold = sum(res.oversold for results in runs.values() for res in results)
         bad = [name for name, results in runs.items() if not all(res.ok for res in results)]
         lines.append(
