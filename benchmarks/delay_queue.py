@@ -150,7 +150,7 @@ def run_raw_scripts(queue, batch: int) -> int:
         flat = scripts.DELAY_CLAIM(claim_keys, argv, client=client)
         if not flat:
             return done
-        done += scripts.DELAY_ACK(ack_keys, flat[:-1][0::3], client=client)
+        done += scripts.DELAY_ACK(ack_keys, flat[:-2][0::3], client=client)
 
 
 def run_naive(queue, batch: int) -> int:

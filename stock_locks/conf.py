@@ -59,6 +59,12 @@ DEFAULTS: dict[str, Any] = {
     # long a call waits for a free one before it fails as Redis unavailable, seconds.
     "ASYNC_MAX_CONNECTIONS": 32,
     "ASYNC_POOL_TIMEOUT": 10,
+    # Record metrics (stock_locks.metrics): counters and histograms per process,
+    # prometheus-client when installed, and the per-second timeline in Redis the
+    # dashboard charts. METRICS_TOKEN: the bearer token the scrape endpoint
+    # (stock_locks.urls, "metrics") asks for; None (default) disables the endpoint.
+    "METRICS": True,
+    "METRICS_TOKEN": None,
     # How long a lock name's fencing counter is kept after its last grant,
     # seconds (default one day). Safe at any value above the largest backwards
     # step of the Redis server's clock: every fence is at least that clock in

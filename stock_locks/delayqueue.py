@@ -58,7 +58,7 @@ from typing import Any, NamedTuple, cast
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import scripts
+from . import metrics, scripts
 from .backends.redis import run_batch
 from .conf import settings
 from .connection import REDIS_ERRORS, STALE_ROUTE_ERRORS, blocking_cap, get_redis
@@ -250,9 +250,10 @@ class DelayQueue:
         flat = scripts.DELAY_CLAIM(self._all_keys, argv, client=self.redis)
         if not flat:
             return []
-        deadline = int(flat[-1])
+        deadline, oldest_due = int(flat[-2]), float(flat[-1])
+        metrics.delay_claimed(self.name, deadline - argv[1] - oldest_due)
         items = []
-        for i in range(0, len(flat) - 1, 3):
+        for i in range(0, len(flat) - 2, 3):
             body = json.loads(flat[i + 1])
             item_id = flat[i].decode() if isinstance(flat[i], bytes) else flat[i]
             items.append(Item(item_id, body["task"], body["payload"], int(flat[i + 2]), deadline))
@@ -422,6 +423,8 @@ class DelayQueue:
             )  # fmt: skip
             result.failed += outcome == "retry"
             result.dead += outcome == "dead"
+            if outcome == "dead":
+                metrics.dead_lettered(self.name)
             result.errors.append(error)
             return False
 

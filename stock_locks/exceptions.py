@@ -49,6 +49,9 @@ class StaleFencingToken(StockLocksError):
         super().__init__(message)
         self.fence = fence
         self.current = current
+        from . import metrics  # (every refusal of a stale fence builds one of these)
+
+        metrics.stale_fence()
 
 
 class BackendUnavailable(StockLocksError):

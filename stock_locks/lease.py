@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
+from . import metrics
 from .exceptions import BackendUnavailable, LockError
 
 T = TypeVar("T")
@@ -88,6 +89,7 @@ def acquire(
     what: str,
     on_refused: Callable[[Attempt], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    labels: tuple[str, str] = ("lock", "default"),
 ) -> Steps[Attempt | None]:
     """Try until granted; the granting :class:`Attempt`, or None when not granted in time.
 
@@ -101,9 +103,12 @@ def acquire(
     Any exception but a :class:`LockError` (the backend's own answer) first
     gives back what this acquire may hold (``give_back``, bounded; None: nothing
     to give back, e.g. a reentrant re-entry), then propagates. ``on_refused``
-    sees every refusal (a fair semaphore follows its ticket).
+    sees every refusal (a fair semaphore follows its ticket). The outcome and the
+    time it took are recorded in :mod:`stock_locks.metrics` under ``labels``
+    (primitive, backend alias).
     """
-    deadline = clock() + timeout if blocking and timeout else None
+    began = clock()
+    deadline = began + timeout if blocking and timeout else None
     waited = False
     try:
         while True:
@@ -115,10 +120,12 @@ def acquire(
                 patience = max(0.0, deadline - clock())
             attempt: Attempt = yield try_call(patience, waited)
             if attempt.granted:
+                metrics.lock_acquired(*labels, "granted", clock() - began)
                 return attempt
             if on_refused is not None:
                 on_refused(attempt)
             if not patience:
+                metrics.lock_acquired(*labels, "timeout", clock() - began)
                 return None
             wait = default_wait if attempt.wait is None else attempt.wait
             if deadline is not None:
@@ -130,7 +137,9 @@ def acquire(
             waited = True
     except (LockError, GeneratorExit):
         raise  # the backend answered (nothing is held), or the generator is being closed
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, BackendUnavailable):
+            metrics.lock_acquired(*labels, "error", clock() - began)
         if give_back is not None:
             outcome = yield from give_back_once(give_back)
             if outcome is None:

@@ -47,7 +47,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Self, cast
 
-from . import _validate, lease
+from . import _validate, lease, metrics
 from .backends import resolve
 from .backends.base import Backend
 from .backends.redis import (  # noqa: F401  (re-exported: the Redis details of a lock)
@@ -347,6 +347,10 @@ class Lock(LeaseGuard):
         if self.watchdog:
             self._renewer().add(self, hold)
 
+    def _lost(self, hold: _Hold) -> None:
+        hold.lost = True
+        metrics.lease_lost("lock", self.backend.alias, self.name)
+
     def _hold(self) -> _Hold:
         """The calling owner's hold state (the thread's, for a reentrant lock)."""
         return self._state.hold if self.reentrant else self._state
@@ -371,7 +375,7 @@ class Lock(LeaseGuard):
         if hold.fence is None and hold.adopted and hold.holds:
             info = yield Call("lock_inspect", (self.name, self.keys))
             if info is None or info.token != hold.token:
-                hold.lost = True
+                self._lost(hold)
                 raise LockNotOwned(
                     f"lock {self.name!r} is no longer held by the adopted token", name=self.name
                 )
@@ -453,11 +457,12 @@ class Lock(LeaseGuard):
                 default_wait=self.ttl,
                 give_back=None if depth else Call("lock_release", (self, token, 1, "abandon")),
                 what=f"lock {self.name!r}",
+                labels=("lock", self.backend.alias),
             )
         except LockNotOwned:
             # The thread's hold is gone: its next acquire starts afresh (new token),
             # while the outer holds still in progress learn it on their release.
-            hold.lost = True
+            self._lost(hold)
             holds = self._owner_holds()
             if holds.get(self.keys.lock, [None])[0] == token:
                 del holds[self.keys.lock]
@@ -530,7 +535,7 @@ class Lock(LeaseGuard):
             raise
         self._forget(hold, token, depth, result)
         if result == NOT_OWNED:
-            hold.lost = True
+            self._lost(hold)
             raise LockNotOwned(
                 f"lock {self.name!r} is no longer held by this token "
                 "(its lease ran out or it was force-released)",
@@ -559,7 +564,7 @@ class Lock(LeaseGuard):
         )
         call = Call("lock_extend", (self, cast(str, hold.token), ttl_ms))
         if (yield from lease.repeatable(call)) != 1:
-            hold.lost = True
+            self._lost(hold)
             raise LockNotOwned(f"cannot extend {self.name!r}: no longer held", name=self.name)
 
     def hand_off(self) -> str:
@@ -813,6 +818,7 @@ class RenewalSchedule:
             hold = renewal.hold()
             if hold is not None:
                 hold.lost = True
+                metrics.lease_lost("lock", "watchdog", renewal.name)
             if result == CAPPED:
                 renewal_log.warning(
                     "lock %r held for max_hold (%ss) since its grant: stopped renewing, "

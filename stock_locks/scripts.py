@@ -82,3 +82,6 @@ def run_batch(client: Any, calls: Sequence[tuple[Script, Sequence, Sequence]]) -
 
 def _noscript(reply: object) -> bool:
     return isinstance(reply, NoScriptError)
+
+
+METRICS_FLUSH = load("metrics_flush")

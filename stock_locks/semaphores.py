@@ -55,7 +55,7 @@ import secrets
 import sys
 from typing import TYPE_CHECKING, Any
 
-from . import _validate, lease
+from . import _validate, lease, metrics
 from .backends.base import Backend
 from .backends.redis import gone_key  # noqa: F401  (re-exported)
 from .conf import settings
@@ -236,6 +236,7 @@ class Semaphore(LeaseGuard):
                 give_back=Call("semaphore_release", (self, True)),
                 what=f"{self.kind} {self.name!r}",
                 on_refused=self._on_refused,
+                labels=(self.kind, self.backend.alias),
             )
         except BaseException:
             self._spent = True  # given back (or refused as given back): a new id next time
@@ -247,6 +248,10 @@ class Semaphore(LeaseGuard):
         self.lost = False
         acquire_log.debug("acquired a permit of %r (limit %s)", self.name, self.limit)
         return True
+
+    def _lost(self) -> None:
+        self.lost = True
+        metrics.lease_lost(self.kind, self.backend.alias, self.name)
 
     def _on_refused(self, attempt: Attempt) -> None:
         """After a refused try (a fair waiter follows its ticket)."""
@@ -293,7 +298,7 @@ class Semaphore(LeaseGuard):
             raise
         self._held, self._spent = False, True
         if not live:
-            self.lost = True
+            self._lost()
             raise LockNotOwned(
                 f"semaphore {self.name!r}: this holder's lease had ended before the release "
                 "(its permit was free to others)",
@@ -323,7 +328,7 @@ class Semaphore(LeaseGuard):
             )
         ttl_ms = self._ttl_ms if ttl is None else _validate.lease_ms(ttl, "ttl", self.name)
         if (yield from lease.repeatable(Call("semaphore_refresh", (self, ttl_ms)))) != 1:
-            self.lost = True
+            self._lost()
             refresh_log.warning("semaphore %r: lease ended before it was refreshed", self.name)
             raise LockNotOwned(
                 f"cannot refresh {self.name!r}: this holder's lease had already ended",

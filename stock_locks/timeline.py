@@ -14,12 +14,18 @@ merged histograms) and ``dead_letters`` (count per second).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from .conf import settings
 
 RESERVATIONS = "reservations:"  # + strategy name
 REFUSALS = "refusals:"  # + strategy name
 LOCK_WAIT_P99_MS = "lock_wait_p99_ms"
 DELAY_LAG_P99_MS = "delay_lag_p99_ms"
 DEAD_LETTERS = "dead_letters"
+KEEP_SECONDS = 900  # how long a second's bucket stays in Redis
+# Histogram fields in a bucket: "<name>|<upper bound in ms or inf>" -> count.
+_PERCENTILES = {"lock_wait_ms": LOCK_WAIT_P99_MS, "delay_lag_ms": DELAY_LAG_P99_MS}
 
 
 @dataclass(frozen=True)
@@ -42,3 +48,71 @@ class Timeline:
     def names(self, prefix: str) -> list[str]:
         """Series names starting with ``prefix``, sorted (e.g. every strategy's reservations)."""
         return sorted(name for name in self.series if name.startswith(prefix))
+
+
+def base_key() -> str:
+    """The timeline's base key; the bucket of second ``s`` is ``<base>:<s>``."""
+    return f"{settings.key_prefix()}:metrics:{{metrics}}:timeline"
+
+
+def add(deltas: dict[str, int], client: Any = None) -> int:
+    """Add ``deltas`` (field -> amount) to the bucket of the Redis server's current
+    second; that second. Raises redis-py's errors (the caller keeps the deltas)."""
+    from . import scripts
+    from .connection import get_redis
+
+    argv: list[Any] = [KEEP_SECONDS]
+    for name, amount in deltas.items():
+        argv += [name, amount]
+    return int(scripts.METRICS_FLUSH([base_key()], argv, client=client or get_redis()))
+
+
+def recent(seconds: int = 300, client: Any = None) -> Timeline:
+    """The last ``seconds`` seconds (Redis clock, this one included), one bucket each,
+    summed over every process. Two round trips (TIME, then one pipeline)."""
+    from .connection import get_redis
+
+    client = client or get_redis()
+    now = int(client.time()[0])
+    start = now - seconds + 1
+    base = base_key()
+    with client.pipeline(transaction=False) as pipe:
+        for second in range(start, now + 1):
+            pipe.hgetall(f"{base}:{second}")
+        buckets = pipe.execute()
+    series: dict[str, list[float | None]] = {DEAD_LETTERS: [0.0] * seconds}
+    for name in _PERCENTILES.values():
+        series[name] = [None] * seconds
+    for i, raw in enumerate(buckets):
+        histograms: dict[str, list[tuple[float, float]]] = {}
+        for key, value in raw.items():
+            name = key.decode() if isinstance(key, bytes) else key
+            amount = float(value)
+            head, sep, bound = name.partition("|")
+            if sep and head in _PERCENTILES:
+                upper = float("inf") if bound == "inf" else float(bound)
+                histograms.setdefault(head, []).append((upper, amount))
+                continue
+            if name not in series:
+                series[name] = [0.0] * seconds
+            series[name][i] = amount
+        for head, counts in histograms.items():
+            series[_PERCENTILES[head]][i] = percentile(counts, 0.99)
+    return Timeline(start=start, step=1, series=series)
+
+
+def percentile(counts: list[tuple[float, float]], q: float) -> float | None:
+    """The upper bound of the histogram bucket holding quantile ``q`` of
+    ``counts`` ((upper bound, count) pairs); None when empty. The last finite bound
+    stands for +Inf (a chart needs a number)."""
+    counts = sorted(counts)
+    total = sum(count for _, count in counts)
+    if not total:
+        return None
+    finite = [bound for bound, _ in counts if bound != float("inf")]
+    running = 0.0
+    for bound, count in counts:
+        running += count
+        if running >= q * total:
+            return bound if bound != float("inf") else (max(finite) if finite else None)
+    return None

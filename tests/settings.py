@@ -119,6 +119,7 @@ STOCK_LOCKS = {
     "DELAY_QUEUE_INTERVAL": float(os.environ.get("DELAY_QUEUE_INTERVAL", 1)),
     "DELAY_QUEUE_VISIBILITY": float(os.environ.get("DELAY_QUEUE_VISIBILITY", 30)),
     "DECORATOR_TIMEOUT": 5,  # seconds
+    "METRICS_TOKEN": "test-metrics-token",  # the scrape endpoint (tests/test_metrics.py)
 }
 
 

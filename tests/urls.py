@@ -1,5 +1,7 @@
 """The suite's URLs: the admin (the dashboard), and views used by the decorator tests."""
 
+import os
+
 from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import include, path
@@ -25,6 +27,12 @@ def restock(request, pk):
     return JsonResponse({"restocked": pk})
 
 
+@locked("whoami", timeout=5)
+def whoami(request):
+    """Which worker process answered (tests/test_metrics.py, under gunicorn)."""
+    return JsonResponse({"pid": os.getpid()})
+
+
 @locked("user:{request.user.pk}", timeout=0)
 async def async_profile(request):
     return JsonResponse({"user": request.user.pk})
@@ -36,5 +44,7 @@ urlpatterns = [
     path("orders/<int:order_id>/", OrderView.as_view()),
     path("items/<int:pk>/restock/", restock),
     path("me/", async_profile),
+    path("whoami/", whoami),
     path("asgi/", include("tests.asgi_views")),  # tests/test_aio_asgi.py (uvicorn)
+    path("stock-locks/", include("stock_locks.urls")),
 ]

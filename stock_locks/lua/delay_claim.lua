@@ -15,8 +15,9 @@
 -- common path keeps the hash small (a large listpack hash makes every write
 -- scan it), and commands take the whole batch at once (in chunks, for unpack).
 -- Returns a flat list: id, item JSON, deliveries, id, item JSON, deliveries...,
--- then (when anything was claimed) the batch's visibility deadline in epoch ms:
--- it identifies this delivery, for giving unstarted items back (delay_release.lua).
+-- then (when anything was claimed) the batch's visibility deadline in epoch ms (it
+-- identifies this delivery, for giving unstarted items back: delay_release.lua)
+-- and the due time of its earliest item, epoch ms (how late the batch is).
 local CHUNK = 1000
 local function each_chunk(list, fn)
   for i = 1, #list, CHUNK do
@@ -54,6 +55,7 @@ local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 if #ids == 0 then
   return {}
 end
+local oldest_due = redis.call('ZSCORE', KEYS[1], ids[1])
 each_chunk(ids, function(...) redis.call('ZREM', KEYS[1], ...) end)
 local bodies = hmget(KEYS[2], ids)
 local counts = hmget(KEYS[3], ids)
@@ -77,5 +79,6 @@ each_chunk(flight, function(...) redis.call('ZADD', KEYS[5], ...) end)
 each_chunk(recount, function(...) redis.call('HSET', KEYS[3], ...) end)
 if #claimed > 0 then
   claimed[#claimed + 1] = deadline
+  claimed[#claimed + 1] = oldest_due
 end
 return claimed

@@ -11,12 +11,15 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connection, transaction
 
+from .. import metrics
 from ..connection import REDIS_OR_OS_ERRORS
+from ..exceptions import OutOfStock
 from ..models import Reservation
 from . import expiry
 from .cart import Cart, check_order_ref, check_ttl, normalize_cart
@@ -72,7 +75,17 @@ class StockStrategy(ABC):
         for the strategy's lock or retry budget.
         """
         ref, lines, ttl_ms = self.checked(order_ref, cart, ttl)
-        return self.reserved(self.do_reserve(ref, lines, ttl_ms), ttl_ms)
+        with self.deciding(ref):
+            return self.reserved(self.do_reserve(ref, lines, ttl_ms), ttl_ms)
+
+    @contextmanager
+    def deciding(self, order_ref: str) -> Iterator[None]:
+        """Around a reserve's decision: record its refusal (metrics, ``stock_refused``)."""
+        try:
+            yield
+        except OutOfStock as refusal:
+            metrics.refused(self.name, order_ref, refusal.sku, refusal.requested, refusal.available)
+            raise
 
     async def areserve(
         self, order_ref: str, cart: Mapping[str, int], *, ttl: float | None = None
@@ -90,9 +103,9 @@ class StockStrategy(ABC):
         ReservationError for bad input (no I/O)."""
         return check_order_ref(order_ref), normalize_cart(cart), check_ttl(ttl)
 
-    @staticmethod
-    def reserved(reservation: Reservation, ttl_ms: int | None) -> Reservation:
-        """After a reserve: schedule a new reservation's expiry."""
+    def reserved(self, reservation: Reservation, ttl_ms: int | None) -> Reservation:
+        """After a reserve: record it, schedule a new reservation's expiry."""
+        metrics.reserved(self.name, reservation.created, reservation.retries)
         if reservation.created and ttl_ms is not None:
             expiry.schedule(reservation)
         return reservation

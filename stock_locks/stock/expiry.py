@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
+from .. import metrics
 from ..conf import settings
 from ..connection import REDIS_ERRORS
 from ..delayqueue import DelayQueue, handler
@@ -96,6 +97,7 @@ def expire_reservation(order_ref: str, now: dt.datetime | None = None) -> bool:
         released = get_strategy().release(order_ref)
     if released:
         log.info("reservation %r expired unpaid; its units are back", order_ref)
+        metrics.expired()
         reservation_expired.send(sender=Reservation, order_ref=order_ref, lines=reservation.lines)
     return released
 

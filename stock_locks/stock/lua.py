@@ -76,14 +76,16 @@ class LuaStrategy(RedisStockStrategy):
         from ..aio.redis import transport_for
 
         try:
-            took, now_ms, retries = await arun(
-                self._reserve_steps(ref, lines), transport_for(stock_backend()).perform
-            )
+            with self.deciding(ref):
+                took, now_ms, retries = await arun(
+                    self._reserve_steps(ref, lines), transport_for(stock_backend()).perform
+                )
         except REDIS_DOWN as exc:
             raise RedisUnavailable(f"Redis unreachable, nothing reserved: {exc}") from exc
 
         def in_database() -> Reservation:
-            reservation = self.reserve_in_database(ref, lines, ttl_ms, took, now_ms, retries)
+            with self.deciding(ref):
+                reservation = self.reserve_in_database(ref, lines, ttl_ms, took, now_ms, retries)
             return self.reserved(reservation, ttl_ms)
 
         return await sync_to_async(in_database)()

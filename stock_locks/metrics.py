@@ -1,0 +1,339 @@
+"""What stock_locks counts, and where it goes.
+
+Recorded at the points where things are decided, never around call sites:
+the lease driver's acquire (every lock and semaphore, every backend, sync and
+async), the places a lease is found lost, the fence checks, a strategy's
+reserve, the delay queue's claim and dead-lettering, and the reservation
+expiry. Each figure goes to three places:
+
+* this process's own tally (:func:`snapshot`, and the text served by
+  :func:`exposition` when prometheus-client is not installed);
+* prometheus-client's metrics when it is installed (the ``[prometheus]``
+  extra), multiprocess-safe when ``PROMETHEUS_MULTIPROC_DIR`` is set (gunicorn,
+  Celery prefork: see prometheus-client's multiprocess mode);
+* the per-second timeline in Redis that the dashboard charts
+  (:mod:`stock_locks.timeline`), flushed by one daemon thread per process about
+  once a second, so that the figures of every process add up on one clock.
+
+Metric names (Prometheus): ``stock_locks_lock_acquisitions_total{primitive,
+backend,outcome}`` (outcome ``granted``, ``timeout``, ``error``),
+``stock_locks_lock_wait_seconds{primitive,backend}`` (histogram),
+``stock_locks_leases_lost_total{primitive,backend}``,
+``stock_locks_stale_fences_total``, ``stock_locks_reservations_total{strategy}``,
+``stock_locks_refusals_total{strategy}``, ``stock_locks_reserve_retries_total
+{strategy}``, ``stock_locks_expiries_total``, ``stock_locks_dead_letters_total
+{queue}``, ``stock_locks_delay_lag_seconds{queue}`` (histogram: how late a
+claimed batch's earliest item was).
+
+Signals (:mod:`stock_locks.signals`) ``lock_lost`` and ``stock_refused`` are
+sent from here too. ``STOCK_LOCKS["METRICS"] = False`` turns recording off.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from .conf import settings
+
+log = logging.getLogger("stock_locks.metrics")
+
+# Upper bounds of the wait and lag histograms, milliseconds (then +Inf).
+BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+FLUSH_EVERY = 1.0  # seconds between flushes of the timeline deltas
+
+_COUNTERS = {
+    "lock_acquisitions": ("primitive", "backend", "outcome"),
+    "leases_lost": ("primitive", "backend"),
+    "stale_fences": (),
+    "reservations": ("strategy",),
+    "refusals": ("strategy",),
+    "reserve_retries": ("strategy",),
+    "expiries": (),
+    "dead_letters": ("queue",),
+}
+_HISTOGRAMS = {"lock_wait": ("primitive", "backend"), "delay_lag": ("queue",)}
+_HELP = {
+    "lock_acquisitions": "Lock and semaphore acquires by outcome (granted, timeout, error).",
+    "leases_lost": "Leases found lost by their holder (expired or taken over).",
+    "stale_fences": "Writes refused because their fencing token was stale.",
+    "reservations": "Reservations made (repeats of an existing order ref not counted).",
+    "refusals": "Reservations refused for lack of stock.",
+    "reserve_retries": "Optimistic retries of reservations.",
+    "expiries": "Unpaid reservations released because they were due.",
+    "dead_letters": "Delay-queue items moved to the dead-letter set.",
+    "lock_wait": "Time from the start of an acquire to its outcome.",
+    "delay_lag": "How late the earliest item of a claimed delay-queue batch was.",
+}
+
+_lock = threading.Lock()
+_counts: dict[tuple, float] = {}  # (name, *labels) -> count
+_hist: dict[tuple, list[float]] = {}  # (name, *labels) -> bucket counts..., +Inf, sum (ms)
+_pending: Counter[str] = Counter()  # timeline field -> delta since the last flush
+_flusher_pid = 0
+_prom: dict[str, Any] | None = None
+_prom_children: dict[tuple, Any] = {}
+
+
+def _enabled() -> bool:
+    return bool(settings.METRICS)
+
+
+def _count(name: str, labels: tuple, amount: float = 1, field: str | None = None) -> None:
+    with _lock:
+        key = (name, *labels)
+        _counts[key] = _counts.get(key, 0) + amount
+        if field is not None:
+            _pending[field] += int(amount)
+    _ensure_flusher()
+    child = _prometheus(name, labels)
+    if child is not None:
+        child.inc(amount)
+
+
+def _observe(name: str, labels: tuple, ms: float, field: str) -> None:
+    index = bisect.bisect_left(BUCKETS_MS, ms)
+    bucket = str(BUCKETS_MS[index]) if index < len(BUCKETS_MS) else "inf"
+    with _lock:
+        row = _hist.get((name, *labels))
+        if row is None:
+            row = _hist[(name, *labels)] = [0.0] * (len(BUCKETS_MS) + 2)
+        row[index] += 1
+        row[-1] += ms
+        _pending[f"{field}|{bucket}"] += 1
+    _ensure_flusher()
+    child = _prometheus(name, labels)
+    if child is not None:
+        child.observe(ms / 1000)
+
+
+# -- what the library records ---------------------------------------------------------
+
+
+def lock_acquired(primitive: str, backend: str, outcome: str, seconds: float) -> None:
+    """An acquire ended: ``outcome`` granted, timeout or error, after ``seconds``."""
+    if not _enabled():
+        return
+    _count("lock_acquisitions", (primitive, backend, outcome))
+    _observe("lock_wait", (primitive, backend), seconds * 1000, "lock_wait_ms")
+
+
+def lease_lost(primitive: str, backend: str, name: str) -> None:
+    """A holder found its lease gone; sends ``lock_lost``."""
+    from .signals import lock_lost
+
+    if _enabled():
+        _count("leases_lost", (primitive, backend))
+    lock_lost.send(sender=None, primitive=primitive, backend=backend, name=name)
+
+
+def stale_fence() -> None:
+    if _enabled():
+        _count("stale_fences", ())
+
+
+def reserved(strategy: str, created: bool, retries: int) -> None:
+    if not _enabled():
+        return
+    if created:
+        _count("reservations", (strategy,), field=f"reservations:{strategy}")
+    if retries:
+        _count("reserve_retries", (strategy,), retries)
+
+
+def refused(strategy: str, order_ref: str, sku: str, requested: int, available: int) -> None:
+    """A reserve was refused for lack of stock; sends ``stock_refused``."""
+    from .signals import stock_refused
+
+    if _enabled():
+        _count("refusals", (strategy,), field=f"refusals:{strategy}")
+    if stock_refused.receivers:
+        stock_refused.send(
+            sender=None, strategy=strategy, order_ref=order_ref, sku=sku,
+            requested=requested, available=available,
+        )  # fmt: skip
+
+
+def expired() -> None:
+    if _enabled():
+        _count("expiries", ())
+
+
+def dead_lettered(queue: str) -> None:
+    if _enabled():
+        _count("dead_letters", (queue,), field="dead_letters")
+
+
+def delay_claimed(queue: str, lag_ms: float) -> None:
+    """A batch was claimed; its earliest item was due ``lag_ms`` before (Redis clock)."""
+    if _enabled():
+        _observe("delay_lag", (queue,), max(0.0, lag_ms), "delay_lag_ms")
+
+
+# -- reading ------------------------------------------------------------------------
+
+
+def snapshot() -> dict[str, Any]:
+    """This process's figures: ``{"counters": {name: {labels: n}}, "histograms": ...}``
+    (labels joined by ``,``; histograms as count, sum in ms and bucket counts)."""
+    with _lock:
+        counters: dict[str, dict[str, float]] = {}
+        for (name, *labels), value in _counts.items():
+            counters.setdefault(name, {})[",".join(labels)] = value
+        histograms: dict[str, dict[str, Any]] = {}
+        for (name, *labels), row in _hist.items():
+            histograms.setdefault(name, {})[",".join(labels)] = {
+                "count": sum(row[:-1]),
+                "sum_ms": row[-1],
+                "buckets": dict(zip([*map(str, BUCKETS_MS), "inf"], row[:-1], strict=True)),
+            }
+    return {"counters": counters, "histograms": histograms}
+
+
+def exposition() -> tuple[bytes, str]:
+    """(body, content type) for a Prometheus scrape: prometheus-client's registry
+    (every process's figures under ``PROMETHEUS_MULTIPROC_DIR``) when installed, else
+    this process's tally in the text format."""
+    try:
+        import prometheus_client
+    except ImportError:
+        return _own_exposition().encode(), "text/plain; version=0.0.4; charset=utf-8"
+    _prometheus_metrics()
+    registry = prometheus_client.REGISTRY
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = prometheus_client.CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    return prometheus_client.generate_latest(registry), prometheus_client.CONTENT_TYPE_LATEST
+
+
+def _own_exposition() -> str:
+    lines = []
+    with _lock:
+        counts, hist = dict(_counts), {k: list(v) for k, v in _hist.items()}
+    for name, labelnames in _COUNTERS.items():
+        lines += [f"# HELP stock_locks_{name}_total {_HELP[name]}",
+                  f"# TYPE stock_locks_{name}_total counter"]  # fmt: skip
+        for (metric, *labels), value in sorted(counts.items()):
+            if metric == name:
+                lines.append(f"stock_locks_{name}_total{_labels(labelnames, labels)} {value:g}")
+    for name, labelnames in _HISTOGRAMS.items():
+        lines += [f"# HELP stock_locks_{name}_seconds {_HELP[name]}",
+                  f"# TYPE stock_locks_{name}_seconds histogram"]  # fmt: skip
+        for (metric, *labels), row in sorted(hist.items()):
+            if metric != name:
+                continue
+            running = 0.0
+            for bound, count in zip([*BUCKETS_MS, None], row[:-1], strict=True):
+                running += count
+                le = "+Inf" if bound is None else f"{bound / 1000:g}"
+                extra = _labels((*labelnames, "le"), (*labels, le))
+                lines.append(f"stock_locks_{name}_seconds_bucket{extra} {running:g}")
+            plain = _labels(labelnames, labels)
+            lines.append(f"stock_locks_{name}_seconds_count{plain} {running:g}")
+            lines.append(f"stock_locks_{name}_seconds_sum{plain} {row[-1] / 1000:g}")
+    return "\n".join(lines) + "\n"
+
+
+def _labels(names: Iterable[str], values: Iterable[str]) -> str:
+    pairs = [
+        f'{n}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+        for n, v in zip(names, values, strict=True)
+    ]
+    return "{" + ",".join(pairs) + "}" if pairs else ""
+
+
+# -- prometheus-client ------------------------------------------------------------
+
+
+def _prometheus_metrics() -> dict[str, Any] | None:
+    """prometheus-client's metrics, made once per process (None: not installed)."""
+    global _prom
+    if _prom is None:
+        try:
+            import prometheus_client as prom
+        except ImportError:
+            _prom = {}
+            return None
+        made: dict[str, Any] = {}
+        for name, labelnames in _COUNTERS.items():
+            made[name] = prom.Counter(f"stock_locks_{name}", _HELP[name], labelnames)
+        buckets = [ms / 1000 for ms in BUCKETS_MS]
+        for name, labelnames in _HISTOGRAMS.items():
+            made[name] = prom.Histogram(
+                f"stock_locks_{name}_seconds", _HELP[name], labelnames, buckets=buckets
+            )
+        _prom = made
+    return _prom or None
+
+
+def _prometheus(name: str, labels: tuple) -> Any:
+    key = (name, *labels)
+    child = _prom_children.get(key)
+    if child is None:
+        metrics = _prometheus_metrics()
+        if metrics is None:
+            return None
+        metric = metrics[name]
+        child = metric.labels(*labels) if labels else metric
+        _prom_children[key] = child
+    return child
+
+
+# -- the timeline flusher ------------------------------------------------------------
+
+
+def _ensure_flusher() -> None:
+    global _flusher_pid
+    if _flusher_pid == os.getpid():
+        return
+    with _lock:
+        if _flusher_pid == os.getpid():
+            return
+        if _flusher_pid:  # a forked child: the parent's deltas are the parent's
+            _pending.clear()
+        _flusher_pid = os.getpid()
+    threading.Thread(target=_flush_forever, name="stock_locks-metrics", daemon=True).start()
+
+
+def _flush_forever() -> None:
+    pid = os.getpid()
+    stop = threading.Event()
+    while _flusher_pid == pid:
+        stop.wait(FLUSH_EVERY)
+        flush()
+
+
+def flush(client: Any = None) -> bool:
+    """Add this process's figures since the last flush to the timeline in Redis now.
+    True when there was nothing to add or it was added; False when Redis could not
+    be reached (the figures are kept for the next flush)."""
+    from . import timeline
+
+    with _lock:
+        deltas = dict(_pending)
+        _pending.clear()
+    if not deltas:
+        return True
+    try:
+        timeline.add(deltas, client)
+        return True
+    except Exception as exc:  # noqa: BLE001 (metrics never break the caller; kept for later)
+        log.debug("metrics not flushed to Redis (%s); kept for the next flush", exc)
+        with _lock:
+            _pending.update(deltas)
+        return False
+
+
+def reset() -> None:
+    """Forget this process's figures and unflushed deltas (tests)."""
+    with _lock:
+        _counts.clear()
+        _hist.clear()
+        _pending.clear()
