@@ -94,6 +94,7 @@ class DashboardAdmin(ReadOnly, admin.ModelAdmin):
             "json_url": reverse("admin:stock_locks_dashboard_json"),
             "refresh_seconds": REFRESH_SECONDS,
             "refresh_ms": REFRESH_SECONDS * 1000,
+            "chart_minutes": dashboard.CHART_SECONDS // 60,
         }
         return TemplateResponse(request, "admin/stock_locks/dashboard.html", context)
 

@@ -296,11 +296,25 @@ def stock() -> dict[str, Any]:
     }
 
 
+CHART_SECONDS = 300  # the charts' window
+
+
+def charts(client: Any = None) -> list[dict[str, Any]]:
+    """The charts of the last CHART_SECONDS (one read of the timeline), as
+    {"id", "title", "svg"} (the SVG markup is safe to insert as it is)."""
+    from .charts import dashboard_charts
+    from .timeline import recent
+
+    drawn = dashboard_charts(recent(CHART_SECONDS, client))
+    return [{"id": c.id, "title": c.title, "svg": c.svg} for c in drawn]
+
+
 def snapshot(lock_search: str = "", lock_page_number: int = 1) -> dict[str, Any]:
     """The whole dashboard as one JSON-ready dict."""
     client = get_redis()
     return {
         "generated_at": timezone.now().isoformat(),
+        "charts": charts(client),
         "locks": lock_page(lock_search, lock_page_number, client),
         "backend_locks": backend_locks(lock_search),
         "semaphores": semaphores(client),

@@ -372,6 +372,11 @@ def run_live_page(page: Page, dashboard_url: str, pid: int, fence: str, second) 
     expect(page.locator('#sl-locks tr[data-lock="cart:alice"]')).to_be_visible()
     expect(page.locator("#sl-lock-total")).to_have_text("2")
     assert page.evaluate("window.slNotReloaded") is True
+    # The charts are swapped in by the refresh too (server-drawn SVG, no CSP violation),
+    # and that acquire, flushed to the timeline, is on the lock-wait chart.
+    wait_for_refresh(page)
+    expect(page.locator(".sl-chart svg")).to_have_count(5)
+    expect(page.locator("#sl-chart-lock-wait svg :is(polyline, circle)").first).to_be_attached()
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"

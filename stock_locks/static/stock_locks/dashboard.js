@@ -175,6 +175,11 @@
   }
 
   function render(snapshot) {
+    for (const chart of snapshot.charts) {
+      // Markup drawn by the server (stock_locks/charts.py), every label escaped there.
+      const box = document.querySelector(`#sl-chart-${chart.id} .sl-chart-box`);
+      if (box) box.innerHTML = chart.svg;
+    }
     const locks = snapshot.locks;
     document.getElementById("sl-lock-total").textContent = String(locks.total);
     const noLock = search ? "No held lock matches the search." : "No lock is held.";
