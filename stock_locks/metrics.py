@@ -78,6 +78,7 @@ _pending: Counter[str] = Counter()  # timeline field -> delta since the last flu
 _flusher_pid = 0
 _prom: dict[str, Any] | None = None
 _prom_children: dict[tuple, Any] = {}
+_prom_lock = threading.Lock()
 
 
 def _enabled() -> bool:
@@ -255,6 +256,14 @@ def _labels(names: Iterable[str], values: Iterable[str]) -> str:
 def _prometheus_metrics() -> dict[str, Any] | None:
     """prometheus-client's metrics, made once per process (None: not installed)."""
     global _prom
+    if _prom is not None:
+        return _prom or None
+    with _prom_lock:  # (two threads registering the same names: DuplicateTimeseries)
+        return _make_prometheus_metrics()
+
+
+def _make_prometheus_metrics() -> dict[str, Any] | None:
+    global _prom
     if _prom is None:
         try:
             import prometheus_client as prom
@@ -262,13 +271,17 @@ def _prometheus_metrics() -> dict[str, Any] | None:
             _prom = {}
             return None
         made: dict[str, Any] = {}
-        for name, labelnames in _COUNTERS.items():
-            made[name] = prom.Counter(f"stock_locks_{name}", _HELP[name], labelnames)
-        buckets = [ms / 1000 for ms in BUCKETS_MS]
-        for name, labelnames in _HISTOGRAMS.items():
-            made[name] = prom.Histogram(
-                f"stock_locks_{name}_seconds", _HELP[name], labelnames, buckets=buckets
-            )
+        try:
+            for name, labelnames in _COUNTERS.items():
+                made[name] = prom.Counter(f"stock_locks_{name}", _HELP[name], labelnames)
+            buckets = [ms / 1000 for ms in BUCKETS_MS]
+            for name, labelnames in _HISTOGRAMS.items():
+                made[name] = prom.Histogram(
+                    f"stock_locks_{name}_seconds", _HELP[name], labelnames, buckets=buckets
+                )
+        except ValueError as exc:  # the names are taken in this registry (a reload?)
+            log.warning("stock_locks metrics not exported to prometheus-client: %s", exc)
+            made = {}
         _prom = made
     return _prom or None
 

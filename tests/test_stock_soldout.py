@@ -161,3 +161,23 @@ def test_eight_processes_never_sell_more_than_is_there_while_units_come_back():
     book = audit("HOT", 40)
     assert book.conserved, book.summary()
     assert sold == book.open == 40 - book.stock
+
+
+def test_threads_with_their_own_clients_share_one_listener(redis_client):
+    # Django's caches, hence django-redis clients, are per thread; their pool is per
+    # process. One listener per process, not one per thread taking turns.
+    import threading
+
+    mine = soldout.cache_for(get_redis(), StockKeys().versions)
+    theirs: list[Any] = []
+
+    def other_thread() -> None:
+        client = get_redis()
+        theirs.append((client, soldout.cache_for(client, StockKeys().versions)))
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    [(client, cache)] = theirs
+    assert client is not get_redis() and client.connection_pool is get_redis().connection_pool
+    assert cache is mine

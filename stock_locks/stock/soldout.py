@@ -63,6 +63,7 @@ class SoldOutCache:
 
     def __init__(self, client: Any, channel: str, ttl: float) -> None:
         self.client = client
+        self.pool = client.connection_pool
         self.channel = channel
         self.ttl = ttl
         self.pid = os.getpid()
@@ -180,15 +181,17 @@ _current_lock = threading.Lock()
 
 
 def cache_for(client: Any, channel: str) -> SoldOutCache | None:
-    """This process's cache for ``client`` and ``channel``; None when disabled
-    (``SOLD_OUT_TTL`` 0, or a cluster client). Starts its listener on first use
-    (and again in a forked child)."""
+    """This process's cache for the Redis behind ``client`` and ``channel``; None when
+    disabled (``SOLD_OUT_TTL`` 0, or a cluster client). Starts its listener on first
+    use (and again in a forked child). Clients sharing a connection pool share the
+    cache (Django's caches, hence django-redis clients, are per thread; their pool is
+    per process)."""
     global _current
     ttl = settings.SOLD_OUT_TTL
     current = _current
     if (
         current is not None
-        and current.client is client
+        and current.pool is getattr(client, "connection_pool", None)
         and current.channel == channel
         and current.ttl == ttl
         and current.pid == os.getpid()
@@ -198,6 +201,14 @@ def cache_for(client: Any, channel: str) -> SoldOutCache | None:
         return None
     with _current_lock:
         current = _current
+        if (
+            current is not None
+            and current.pool is client.connection_pool
+            and current.channel == channel
+            and current.ttl == ttl
+            and current.pid == os.getpid()
+        ):
+            return current  # another thread made it meanwhile
         if current is not None and current.pid == os.getpid():
             current.close()
         _current = SoldOutCache(client, channel, ttl)
