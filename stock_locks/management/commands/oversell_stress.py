@@ -27,6 +27,7 @@ from ...stock import strategy_names
 from ...stress import (
     StressConfig,
     StressError,
+    StressResult,
     StressRun,
     check,
     new_token,
@@ -152,12 +153,14 @@ class Command(BaseCommand):
     def _run(self, config: StressConfig, names: list[str], token: str, json: bool) -> None:
         widths = table_widths(names)
         failed = []
+        self.results: list[StressResult] = []  # for a caller that passes this command object
         for number, name in enumerate(names):
             run = StressRun(config, name, token)
             run.notify = self._note
             try:
                 with run:
                     result = run.fire(progress=None if json else stderr_if_tty())
+                    self.results.append(result)
                     # The figures first; the block's end then removes the run's data.
                     if json:
                         self.stdout.write(jsonlib.dumps(result.as_dict()))
