@@ -2,7 +2,9 @@
 
 Names are modules of this package that define ``main(argv) -> str`` (default: all
 of them); everything from the first ``-option`` on is passed to each ``main``.
-Each report is printed and written to ``benchmarks/results/<name>.txt``.
+Each report is printed and written to ``benchmarks/results/<name>.txt``; a run of
+all of them (``make bench``) also writes ``benchmarks/results/REPORT.md`` and its
+PNG plots (benchmarks/report.py). A progress bar goes to stderr.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ import importlib
 import os
 import pkgutil
 import sys
+import time
 from pathlib import Path
+
+from . import report, support
 
 PACKAGE = Path(__file__).resolve().parent
 RESULTS = PACKAGE / "results"
@@ -22,7 +27,7 @@ def available() -> list[str]:
     helpers' module-level code (e.g. a settings module that fixes Django's database)."""
     names = []
     for info in pkgutil.iter_modules([str(PACKAGE)]):
-        if info.name.startswith("_") or info.name == "support":
+        if info.name.startswith("_") or info.name in ("support", "report"):
             continue
         if "\ndef main(" in (PACKAGE / f"{info.name}.py").read_text():
             names.append(info.name)
@@ -44,13 +49,37 @@ def run(argv: list[str]) -> int:
         )
         return 2
     RESULTS.mkdir(exist_ok=True)
-    for name in names or known:
-        report = importlib.import_module(f"{__package__}.{name}").main(options)
-        print(report, flush=True)
+    chosen = names or known
+    runs: list[report.ModuleRun] = []
+    began = time.monotonic()
+    for i, name in enumerate(chosen):
+        _bar(i, len(chosen), name, began)
+        support.FIGURES.clear()
+        started = time.monotonic()
+        text = importlib.import_module(f"{__package__}.{name}").main(options)
+        runs.append(report.ModuleRun(name, text, time.monotonic() - started,
+                                     dict(support.FIGURES)))  # fmt: skip
+        print(text, flush=True)
         path = RESULTS / f"{name}.txt"
-        path.write_text(report + "\n")
+        path.write_text(text + "\n")
         print(f"(written to {os.path.relpath(path)})\n", flush=True)
+    _bar(len(chosen), len(chosen), "done", began)
+    if not names:
+        path = report.write(runs, time.monotonic() - began)
+        print(f"report: {os.path.relpath(path)} (and its plots beside it)", flush=True)
     return 0
+
+
+def _bar(done: int, total: int, name: str, began: float) -> None:
+    width = 30
+    filled = width * done // total
+    elapsed = int(time.monotonic() - began)
+    print(
+        f"[bench] [{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
+        f"{elapsed // 60}m{elapsed % 60:02d}s  {name}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -613,6 +613,7 @@ def lateness_part(server, args, db_url: str) -> tuple[list[str], dict]:
     for who in ("beat", "runner"):
         late = [x for run in results[who] for x in run["late"]]
         pooled[who] = late
+        support.FIGURES.setdefault("delay queue lateness (ms)", {})[who] = late
         per_round = ", ".join(
             f"{support.percentile(run['late'], 50):.0f}/{support.percentile(run['late'], 99):.0f}"
             for run in results[who]

@@ -450,6 +450,10 @@ def contended(server, args) -> list[str]:
                 entry["violations"],
             ]
         )
+    support.figure(
+        "lock handoff waits (ms)",
+        {LABELS[kind]: [w * 1000 for w in stats[kind]["waits"]] for kind in CONTENDED},
+    )
     polling_gaps = stats["redis-py"]["gaps"]
     handoff_rows = []
     for kind in CONTENDED:

@@ -369,6 +369,10 @@ def uncontended(env: Env, args: argparse.Namespace) -> list[str]:
     support.progress("uncontended: counting replies and commands")
     counts = counted(env, UNCONTENDED, args.segments, 0.1 if args.quick else 0.2)
     rates = {kind: stats[kind]["rates"] for kind in UNCONTENDED}
+    support.figure(
+        "uncontended cycles/s (redlock)",
+        {LABELS[kind]: support.median(rates[kind]) for kind in UNCONTENDED},
+    )
     rows = []
     for kind in UNCONTENDED:
         rate = support.median(rates[kind])

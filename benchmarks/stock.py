@@ -433,6 +433,11 @@ def hot(args) -> tuple[list[str], dict]:
         mine = stats[kind, processes]["rates"]
         return [ratio(a, b) for a, b in zip(mine, base["rates"], strict=True)]
 
+    support.figure(
+        "reservations/s by processes",
+        {LABELS[kind]: {p: support.median(stats[kind, p]["rates"]) for p in args.processes}
+         for kind in kinds},
+    )  # fmt: skip
     # Side by side: reservations/s per strategy and process count.
     side = []
     for kind in kinds:
@@ -578,6 +583,10 @@ def flash(args) -> tuple[list[str], dict]:
             for a, b in zip(runs[name], runs[baseline], strict=True)
         ]
 
+    support.figure(
+        "flash sale attempts/s",
+        {name: support.median([res.throughput_per_s for res in runs[name]]) for name in names},
+    )
     side = []
     for name in names:
         rates = [res.throughput_per_s for res in runs[name]]

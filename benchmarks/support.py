@@ -33,6 +33,15 @@ ENV_PASSED = ("DJANGO_SETTINGS_MODULE", "REDIS_URL", "DATABASE_URL")
 
 _ctx = multiprocessing.get_context("spawn")
 
+# Figures a benchmark hands to the report (benchmarks/report.py) beside its text:
+# figure(key, value) during a run; __main__ collects them per module.
+FIGURES: dict[str, Any] = {}
+
+
+def figure(key: str, value: Any) -> None:
+    """Keep ``value`` (numbers, lists of samples, dicts of them) for the report's plots."""
+    FIGURES[key] = value
+
 
 def progress(message: str) -> None:
     """A progress line on stderr (reports go to stdout)."""

@@ -155,6 +155,7 @@ def uncontended(args: argparse.Namespace) -> list[str]:
     rows = []
     for kind in KINDS:
         rate = support.median(rates[kind])
+        support.FIGURES.setdefault("uncontended cycles/s (zookeeper)", {})[LABELS[kind]] = rate
         rows.append(
             [
                 LABELS[kind],
