@@ -83,10 +83,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="process counts of the hot-SKU test, e.g. 1 8 32 or 1,8,32 (1,8,32; quick 1,4)",
     )
     parser.add_argument(
-        "--seconds", type=float, help="measured seconds per contender and round (2; quick 0.5)"
+        "--seconds", type=float, help="measured seconds per contender and round (1; quick 0.5)"
     )
     parser.add_argument(
-        "--rounds", type=int, help="interleaved rounds of the hot-SKU test (3; quick 1)"
+        "--rounds", type=int, help="interleaved rounds of the hot-SKU test (2; quick 1)"
     )
     parser.add_argument(
         "--warmup", type=float, help="seconds before each measurement (0.5; quick 0.2)"
@@ -106,7 +106,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--flash-stock", type=int, help="flash sale units (1000; quick 200)")
     parser.add_argument("--flash-buyers", type=int, help="flash sale buyers (10000; quick 2000)")
     parser.add_argument("--flash-processes", type=int, help="flash sale processes (16; quick 8)")
-    parser.add_argument("--flash-rounds", type=int, help="flash sale rounds (2; quick 1)")
+    parser.add_argument("--flash-rounds", type=int, help="flash sale rounds (1)")
     args = parser.parse_args(argv)
     quick = args.quick
     if args.processes:
@@ -115,13 +115,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.processes = [1, 4] if quick else [1, 8, 32]
     if any(p < 1 for p in args.processes):
         parser.error("--processes: counts must be >= 1")
-    args.seconds = args.seconds or (0.5 if quick else 2.0)
-    args.rounds = args.rounds or (1 if quick else 3)
+    # (Defaults sized for `make bench`: every benchmark within 10 minutes on 2 CPUs.)
+    args.seconds = args.seconds or (0.5 if quick else 1.0)
+    args.rounds = args.rounds or (1 if quick else 2)
     args.warmup = (0.2 if quick else 0.5) if args.warmup is None else args.warmup
     args.flash_stock = args.flash_stock or (200 if quick else 1000)
     args.flash_buyers = args.flash_buyers or (2000 if quick else 10000)
     args.flash_processes = args.flash_processes or (8 if quick else 16)
-    args.flash_rounds = args.flash_rounds or (1 if quick else 2)
+    args.flash_rounds = args.flash_rounds or 1
     args.parts = {part.strip() for part in args.parts.split(",") if part.strip()}
     unknown = args.parts - {"ceiling", "hot", "flash"}
     if unknown:

@@ -156,6 +156,11 @@ def setup_django(redis_url: str, database_url: str | None = None) -> None:
         for alias in ("default", "stock_locks"):
             caches[alias].close()
             del caches[alias]
+        from stock_locks import backends
+        from stock_locks.stock import soldout
+
+        backends.reset()  # (their clients are the old server's)
+        soldout.reset()
     if database_url and previous_db != database_url:
         import dj_database_url
         from django.db import connections
