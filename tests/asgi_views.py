@@ -49,6 +49,8 @@ def _state(frame) -> tuple[str, list[str]]:
         frame = frame.f_back
     frames.reverse()
     sep = os.sep
+    if any(line.endswith(" _flush_forever") for line in frames):
+        return "library", frames  # the metrics flusher (a daemon, once a second; no request)
     if any(f"{sep}redis{sep}" in line or f"{sep}stock_locks{sep}" in line for line in frames):
         return "redis", frames
     innermost = frames[-1] if frames else ""

@@ -41,7 +41,8 @@ RESULT_KEYS = {
     "retries",
     "skus",
 }
-KEPT = ("sl:lock:", "sl:locks", "sl:stock:{stock}:loaded", "sl:dq:{default}:signal")
+# (and the metrics timeline: what the run did is recorded, by design, not data of a run)
+KEPT = ("sl:lock:", "sl:locks", "sl:stock:{stock}:loaded", "sl:dq:{default}:signal", "sl:metrics:")
 
 
 def run(*args: str) -> tuple[str, str]:
