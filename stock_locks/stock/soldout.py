@@ -188,31 +188,28 @@ def cache_for(client: Any, channel: str) -> SoldOutCache | None:
     per process)."""
     global _current
     ttl = settings.SOLD_OUT_TTL
-    current = _current
-    if (
-        current is not None
-        and current.pool is getattr(client, "connection_pool", None)
-        and current.channel == channel
-        and current.ttl == ttl
-        and current.pid == os.getpid()
-    ):
-        return current
+    if _serves(_current, client, channel, ttl):
+        return _current
     if not ttl or not math.isfinite(ttl) or is_cluster(client):
         return None
     with _current_lock:
         current = _current
-        if (
-            current is not None
-            and current.pool is client.connection_pool
-            and current.channel == channel
-            and current.ttl == ttl
-            and current.pid == os.getpid()
-        ):
+        if _serves(current, client, channel, ttl):
             return current  # another thread made it meanwhile
         if current is not None and current.pid == os.getpid():
             current.close()
         _current = SoldOutCache(client, channel, ttl)
         return _current
+
+
+def _serves(cache: SoldOutCache | None, client: Any, channel: str, ttl: float) -> bool:
+    return (
+        cache is not None
+        and cache.pool is getattr(client, "connection_pool", None)
+        and cache.channel == channel
+        and cache.ttl == ttl
+        and cache.pid == os.getpid()
+    )
 
 
 def units_back(skus: Iterable[str]) -> None:
