@@ -253,6 +253,12 @@ def _labels(names: Iterable[str], values: Iterable[str]) -> str:
 # -- prometheus-client ------------------------------------------------------------
 
 
+def prepare() -> None:
+    """Make this process's prometheus-client metrics now (importing it), so that the
+    first event recorded does not pay for it. Optional: they are made on first use."""
+    _prometheus_metrics()
+
+
 def _prometheus_metrics() -> dict[str, Any] | None:
     """prometheus-client's metrics, made once per process (None: not installed)."""
     global _prom

@@ -61,12 +61,12 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured, ValidationError
-from django.db import IntegrityError, connections, models, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models.fields import NOT_PROVIDED, AutoFieldMixin
 from django.dispatch import Signal
 from redis.exceptions import RedisError
 
-from . import scripts
+from . import metrics, scripts
 from .conf import settings
 from .connection import decoded, get_redis
 from .exceptions import OutOfStock, StockLocksError
@@ -429,6 +429,7 @@ class StressRun:
         connections.close_all()  # forked workers must open their own
         ctx = multiprocessing.get_context("fork")
         start, stop, done, results = ctx.Event(), ctx.Event(), ctx.Value("i", 0), ctx.Queue()
+        ready = ctx.Semaphore(0)
         share, extra = divmod(config.buyers, config.processes)
         workers = [
             ctx.Process(
@@ -440,6 +441,7 @@ class StressRun:
                     self.strategy,
                     self.skus,
                     self.run_id,
+                    ready,
                     start,
                     stop,
                     done,
@@ -452,6 +454,12 @@ class StressRun:
         try:
             for worker in workers:
                 worker.start()
+            # The clock starts once every buyer has its connections: forking and
+            # connecting are not the sale's.
+            for worker in workers:
+                while not ready.acquire(timeout=0.5):
+                    if not worker.is_alive() and worker.exitcode is not None:
+                        break  # it died setting up: its report never comes
             began = time.perf_counter()
             start.set()
             while len(outcomes) < len(workers):
@@ -760,7 +768,9 @@ def _stop(workers: list, start: Any, stop: Any) -> None:
             worker.join()
 
 
-def _worker(index, attempts, config, strategy, skus, run_id, start, stop, done, results) -> None:
+def _worker(
+    index, attempts, config, strategy, skus, run_id, ready, start, stop, done, results
+) -> None:
     # A terminal's Ctrl-C reaches every process of the group: the parent stops the
     # workers after their attempt (the stop event) and cleans up.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -771,6 +781,8 @@ def _worker(index, attempts, config, strategy, skus, run_id, start, stop, done, 
     latencies: list[float] = []
     samples: list[str] = []
     fatal = None
+    _connect(strategy, config)
+    ready.release()
     start.wait()
     for n in range(attempts):
         if stop.is_set():
@@ -794,6 +806,18 @@ def _worker(index, attempts, config, strategy, skus, run_id, start, stop, done, 
             with done.get_lock():
                 done.value += PROGRESS_EVERY
     results.put({"tally": dict(tally), "latencies": latencies, "samples": samples, "fatal": fatal})
+
+
+def _connect(strategy: str, config: StressConfig) -> None:
+    """Open this buyer's connections and make its metrics before the start (a failure
+    shows in its attempts)."""
+    if config.via == "http":
+        return
+    metrics.prepare()
+    with contextlib.suppress(Exception):
+        connections[router.db_for_write(Reservation)].ensure_connection()
+        if get_strategy(strategy).uses_redis:
+            get_redis().ping()
 
 
 def _orm_buyer(strategy_name: str):
