@@ -101,6 +101,15 @@ DEFAULTS: dict[str, Any] = {
     # and for at most this many seconds after that refusal; 0 turns it off
     # (stock_locks.stock.soldout).
     "SOLD_OUT_TTL": 1.0,
+    # The lua and watch strategies on PostgreSQL: reservations Redis took at the same
+    # moment are written to the database by one transaction (one commit and one wait
+    # on each hot row for all of them) instead of one each (group commit,
+    # stock_locks.stock.groupcommit). A caller waits at most GROUP_COMMIT_WAIT seconds
+    # for the transaction that carries its reservation, then writes its own; one
+    # transaction carries at most GROUP_COMMIT_BATCH reservations.
+    "GROUP_COMMIT": True,
+    "GROUP_COMMIT_WAIT": 1.0,
+    "GROUP_COMMIT_BATCH": 100,
     # Reservations made with a ttl: the delay queue their expiry items go to (it
     # must be one of DELAY_QUEUES). The sweeper (Celery beat, every SWEEP_INTERVAL
     # seconds) expires reservations overdue by more than SWEEP_GRACE seconds that

@@ -182,6 +182,9 @@ class StockKeys:
     from the database; its absence means Redis lost its data.
     ``versions``: hash sku -> version, bumped by every script that moves that SKU's
     counter, so a reader can tell that a counter did not move between two reads.
+    ``confirm_queue``, ``confirm_leader``, ``confirm_reply(ref)``: the group commit's
+    queue of reservations waiting for the database, its leader, and the answer list
+    of one waiting caller (:mod:`stock_locks.stock.groupcommit`).
     """
 
     def __init__(self) -> None:
@@ -191,12 +194,18 @@ class StockKeys:
         self.versions = f"{self.base}:versions"
         self._counter = f"{self.base}:avail:"
         self._record = f"{self.base}:res:"
+        self.confirm_queue = f"{self.base}:confirm"
+        self.confirm_leader = f"{self.base}:confirm:leader"
+        self._confirm_reply = f"{self.base}:confirm:reply:"
 
     def counter(self, sku: str) -> str:
         return self._counter + sku
 
     def record(self, order_ref: str) -> str:
         return self._record + order_ref
+
+    def confirm_reply(self, order_ref: str) -> str:
+        return self._confirm_reply + order_ref
 
     def counter_pattern(self) -> str:
         return self._counter + "*"

@@ -77,6 +77,13 @@ def wait_for_signal(client: Any, key: str, seconds: float) -> bool:
     the same, or the wait was cut because its node stopped being a master
     (``UNBLOCKED``), it returns True having popped nothing: the caller looks again.
     """
+    return wait_for_item(client, key, seconds) is not None
+
+
+def wait_for_item(client: Any, key: str, seconds: float) -> bytes | None:
+    """:func:`wait_for_signal` that returns what it popped: the element, or None when
+    ``seconds`` passed first. On a cluster, a wait cut by a failover or a stale slot
+    map returns ``b""`` (nothing popped: the caller looks again)."""
     seconds = max(float(seconds), MIN_WAIT)
     pool = _pool_for(client, key)
     if pool is None:
@@ -94,16 +101,16 @@ def wait_for_signal(client: Any, key: str, seconds: float) -> bool:
                 raise
             refresh_slot_map(client)
             if unblocked or attempt:
-                return True  # cut by a failover: the holder may have changed, look again
+                return b""  # cut by a failover: the holder may have changed, look again
         # Sent to a node that no longer serves the key (a stale slot map): once more,
         # to the node the fresh map names, for what is left of the wait.
         if deadline <= time.monotonic():
-            return False
+            return None
         pool = _pool_for(client, key)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _blpop(pool: Any, key: str, seconds: float) -> bool:
+def _blpop(pool: Any, key: str, seconds: float) -> bytes | None:
     deadline = time.monotonic() + seconds
     server_timeout = f"{seconds + SERVER_MARGIN:.3f}"
     for attempt in range(2):
@@ -126,28 +133,34 @@ def _blpop(pool: Any, key: str, seconds: float) -> bool:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _await_reply(connection: Any, deadline: float) -> bool:
-    """The BLPOP reply if it comes before ``deadline``; else drop the connection."""
+def _await_reply(connection: Any, deadline: float) -> bytes | None:
+    """The popped element if the BLPOP reply comes before ``deadline``; else drop the
+    connection."""
     while True:
         remaining = deadline - time.monotonic()
         # can_read(0) is a non-blocking look: a reply already there is never dropped.
         if connection.can_read(max(remaining, 0.0)):
-            return connection.read_response() is not None
+            reply = connection.read_response()
+            return None if reply is None else _as_bytes(reply[1])
         if remaining <= 0:
             connection.disconnect()
-            return False
+            return None
 
 
-def _plain_blpop(client: Any, key: str, seconds: float) -> bool:
+def _plain_blpop(client: Any, key: str, seconds: float) -> bytes | None:
     cap = blocking_cap(client)
     deadline = time.monotonic() + seconds
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return False
+            return None
         slice_ = remaining if cap is None else min(remaining, cap * 0.8)
-        if client.blpop([key], timeout=max(slice_, MIN_WAIT)):
-            return True
+        if reply := client.blpop([key], timeout=max(slice_, MIN_WAIT)):
+            return _as_bytes(reply[1])
+
+
+def _as_bytes(value: Any) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
 
 
 def _pool_for(client: Any, key: str) -> Any:

@@ -254,7 +254,7 @@ def test_naming_an_unknown_sku_is_an_error(command, redis_client):
     make_items(TEA=7)
     with pytest.raises(CommandError, match="TAE"):
         run(command, "TAE")
-    assert redis_client.dbsize() == 0
+    assert redis_client.dbsize() == 0, redis_client.keys()
 
 
 # -- oversell_stress ------------------------------------------------------------------------
@@ -380,7 +380,7 @@ def test_oversell_stress_refuses_bad_options_before_running_anything(args, says,
     with pytest.raises(CommandError, match=says):
         run("oversell_stress", "--buyers", "10", "--processes", "2", *args)
     assert database_state() == before
-    assert redis_client.dbsize() == 0
+    assert redis_client.dbsize() == 0, redis_client.keys()
 
 
 @pytest.mark.django_db(transaction=True)

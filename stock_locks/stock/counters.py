@@ -33,8 +33,10 @@ from ..connection import CLUSTER_UNAVAILABLE_ERRORS, REDIS_ERRORS, get_redis
 from ..exceptions import InvalidQuantity, OutOfStock, RedisUnavailable, StaleFencingToken
 from ..keys import StockKeys
 from ..models import Reservation
+from . import groupcommit
 from .base import StockStrategy
 from .cart import Cart
+from .groupcommit import Confirmation, GroupCommit
 from .ledger import existing_reservation, repeat_of
 from .soldout import units_back
 
@@ -69,6 +71,7 @@ class RedisStockStrategy(StockStrategy):
         super().__init__(name)
         self.redis = get_redis()
         self.keys = StockKeys()
+        self.group_commit = GroupCommit(self.redis, self.keys, self.stock)
 
     @abstractmethod
     def reserve_in_redis(self, order_ref: str, lines: Cart) -> tuple[bool, int, int]:
@@ -89,9 +92,10 @@ class RedisStockStrategy(StockStrategy):
 
     def reserve_in_database(
         self, order_ref: str, lines: Cart, ttl_ms: int | None, took: bool, now_ms: int,
-        retries: int,
+        retries: int, in_event_loop_thread: bool = False,
     ) -> Reservation:  # fmt: skip
-        """The database half of a reserve whose Redis half answered ``took``."""
+        """The database half of a reserve whose Redis half answered ``took``: with the
+        reservations taken at the same moment (:mod:`.groupcommit`) when it can."""
         if not took:
             repeat = repeat_of(order_ref, lines)
             if repeat is not None:
@@ -99,8 +103,15 @@ class RedisStockStrategy(StockStrategy):
             # The record is an earlier attempt's whose database step never happened
             # (or is running now, in a duplicate request): the database decides.
         expires_at = self.due(ttl_ms, now_ms)
-        try:
+
+        def write_alone() -> Reservation:
             return self.stock.take_and_record(order_ref, lines, self.name, retries, expires_at)
+
+        try:
+            if took and groupcommit.applies(in_event_loop_thread):
+                job = Confirmation(order_ref, lines, self.name, retries, expires_at)
+                return self.group_commit.confirm(job, write_alone)
+            return write_alone()
         except IntegrityError:
             return self._duplicate(order_ref, lines, took)
         except (OutOfStock, InvalidQuantity, StaleFencingToken):

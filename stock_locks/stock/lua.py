@@ -85,7 +85,9 @@ class LuaStrategy(RedisStockStrategy):
 
         def in_database() -> Reservation:
             with self.deciding(ref):
-                reservation = self.reserve_in_database(ref, lines, ttl_ms, took, now_ms, retries)
+                reservation = self.reserve_in_database(
+                    ref, lines, ttl_ms, took, now_ms, retries, in_event_loop_thread=True
+                )
             return self.reserved(reservation, ttl_ms)
 
         return await sync_to_async(in_database)()

@@ -115,67 +115,135 @@ class StockModel:
         """
         db = router.db_for_write(Reservation)
         if len(lines) == 1 and connections[db].vendor == "postgresql":
-            return self._take_and_record_in_one_statement(
-                db, order_ref, lines, strategy, retries, expires_at
-            )
+            [sku] = lines
+            order = (order_ref, lines, strategy, expires_at)
+            inserted = self._take_and_record_in_one_statement(db, sku, [order])
+            if not inserted:  # nothing was taken, so nothing to roll back
+                raise OutOfStock(sku, lines[sku], self.level(sku))
+            pk, created_at = inserted[order_ref]
+            return recorded(pk, created_at, order_ref, lines, strategy, retries, expires_at, db)
         with transaction.atomic(using=db):
             reservation = new_reservation(order_ref, lines, strategy, retries, expires_at)
             self.take_conditionally(lines)
         return reservation
 
-    def _take_and_record_in_one_statement(
-        self,
-        db: str,
-        order_ref: str,
-        lines: Cart,
-        strategy: str,
-        retries: int,
-        expires_at: dt.datetime | None,
-    ) -> Reservation:
-        [(sku, qty)] = lines.items()
+    def _columns(self, db: str) -> tuple[dict[str, str], str, str, str]:
+        """Quoted names: the reservation table's columns by field name, and the stock
+        table, its SKU column and its quantity column."""
         q = connections[db].ops.quote_name
         res = {f.name: q(f.column) for f in Reservation._meta.concrete_fields}
         product = self.model._meta
         sku_col = q(cast(models.Field, product.get_field(self.sku)).column)
         qty_col = q(cast(models.Field, product.get_field(self.qty)).column)
+        res["table"] = q(Reservation._meta.db_table)
+        return res, q(product.db_table), sku_col, qty_col
+
+    def _take_and_record_in_one_statement(
+        self, db: str, sku: str, orders: list[tuple[str, Cart, str, dt.datetime | None]]
+    ) -> dict[str, tuple[int, dt.datetime]]:
+        """Reservations whose carts all ask for one SKU, in one statement (a
+        data-modifying CTE): one guarded decrement of their sum, and their rows
+        inserted only if it took. Returns ``{order ref: (id, created_at)}`` (empty:
+        refused, nothing written); ``IntegrityError`` when a ref already has a row
+        (nothing written either)."""
+        res, table, sku_col, qty_col = self._columns(db)
+        total = sum(lines[sku] for _, lines, _, _ in orders)
+        values = ", ".join(["(%s, %s::jsonb, %s, %s, now(), now(), %s::timestamptz)"] * len(orders))
         sql = (
-            f"WITH taken AS (UPDATE {q(product.db_table)} SET {qty_col} = {qty_col} - %s "
+            f"WITH taken AS (UPDATE {table} SET {qty_col} = {qty_col} - %s "
             f"WHERE {sku_col} = %s AND {qty_col} >= %s RETURNING 1) "
-            f"INSERT INTO {q(Reservation._meta.db_table)} ({res['order_ref']}, {res['lines']}, "
+            f"INSERT INTO {res['table']} ({res['order_ref']}, {res['lines']}, "
             f"{res['strategy']}, {res['status']}, {res['created_at']}, {res['updated_at']}, "
-            f"{res['expires_at']}) "
-            f"SELECT %s, %s::jsonb, %s, %s, now(), now(), %s FROM taken "
-            f"RETURNING {res['id']}, {res['created_at']}"
+            f"{res['expires_at']}) SELECT v.* FROM (VALUES {values}) AS v CROSS JOIN taken "
+            f"RETURNING {res['order_ref']}, {res['id']}, {res['created_at']}"
         )
-        params: list[Any] = [
-            qty,
-            sku,
-            qty,
-            order_ref,
-            json.dumps(lines),
-            strategy,
-            Reservation.Status.RESERVED,
-            expires_at,
-        ]
+        params: list[Any] = [total, sku, total]
+        for ref, lines, strategy, expires_at in orders:
+            params += [ref, json.dumps(lines), strategy, Reservation.Status.RESERVED, expires_at]
         connection = connections[db]
         # Autocommit makes the statement its own transaction; inside the caller's
         # transaction a savepoint keeps a duplicate-ref error from aborting it.
         scope = transaction.atomic(using=db) if connection.in_atomic_block else nullcontext()
         with scope, connection.cursor() as cursor:
             cursor.execute(sql, params)
-            row = cursor.fetchone()
-        if row is None:  # nothing was taken, so nothing to roll back
-            raise OutOfStock(sku, qty, self.level(sku))
-        reservation = Reservation(
-            id=row[0], order_ref=order_ref, lines=lines, strategy=strategy,
-            status=Reservation.Status.RESERVED, created_at=row[1], updated_at=row[1],
-            expires_at=expires_at,
-        )  # fmt: skip
-        reservation._state.adding, reservation._state.db = False, db
-        reservation.created, reservation.retries = True, retries
-        return reservation
+            return {ref: (pk, created) for ref, pk, created in cursor.fetchall()}
+
+    def take_and_record_many(
+        self, orders: list[tuple[str, Cart, str, dt.datetime | None]]
+    ) -> dict[str, tuple[int, dt.datetime]]:
+        """Several reservations, each ``(order ref, lines, strategy, expires_at)``, in
+        one transaction on PostgreSQL: their RESERVED rows and their units, one
+        guarded decrement per SKU for their sum. One commit, and one wait on each hot
+        row, for all of them.
+
+        Carts of one and the same SKU (a flash sale's) are one statement, and a ref
+        that already has a row fails them all (``IntegrityError``). Other batches
+        skip such refs, and take their SKUs in SKU order (two batches cannot
+        deadlock). Returns ``{order ref: (id, created_at)}`` of the rows inserted.
+        Raises :class:`OutOfStock` (or :class:`InvalidQuantity`) when a SKU has
+        less than the sum: nothing is written.
+        """
+        db = router.db_for_write(Reservation)
+        skus = {sku for _, lines, _, _ in orders for sku in lines}
+        if len(skus) == 1 and all(len(lines) == 1 for _, lines, _, _ in orders):
+            [sku] = skus
+            inserted = self._take_and_record_in_one_statement(db, sku, orders)
+            if not inserted:
+                total = sum(lines[sku] for _, lines, _, _ in orders)
+                raise OutOfStock(sku, total, self.level(sku))
+            return inserted
+        res, table, sku_col, qty_col = self._columns(db)
+        values = ", ".join(["(%s, %s::jsonb, %s, %s, now(), now(), %s::timestamptz)"] * len(orders))
+        insert = (
+            f"INSERT INTO {res['table']} ({res['order_ref']}, {res['lines']}, "
+            f"{res['strategy']}, {res['status']}, {res['created_at']}, {res['updated_at']}, "
+            f"{res['expires_at']}) VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING "
+            f"RETURNING {res['order_ref']}, {res['id']}, {res['created_at']}"
+        )
+        take = (
+            f"UPDATE {table} SET {qty_col} = {qty_col} - %s "
+            f"WHERE {sku_col} = %s AND {qty_col} >= %s"
+        )
+        params: list[Any] = []
+        for ref, lines, strategy, expires_at in orders:
+            params += [ref, json.dumps(lines), strategy, Reservation.Status.RESERVED, expires_at]
+        lines_of = {ref: lines for ref, lines, _, _ in orders}
+        with transaction.atomic(using=db), connections[db].cursor() as cursor:
+            cursor.execute(insert, params)
+            inserted = {ref: (pk, created) for ref, pk, created in cursor.fetchall()}
+            totals: dict[str, int] = {}
+            for ref in inserted:
+                for sku, qty in lines_of[ref].items():
+                    totals[sku] = totals.get(sku, 0) + qty
+            for sku in sorted(totals):
+                cursor.execute(take, [totals[sku], sku, totals[sku]])
+                if cursor.rowcount == 0:
+                    raise self._refusal(sku, totals[sku], None)
+        return inserted
 
     def put_back(self, lines: Cart) -> None:
         """In the caller's transaction: ``stock += qty`` per line."""
         for sku, qty in lines.items():
             self.objects.filter(**{self.sku: sku}).update(**{self.qty: models.F(self.qty) + qty})
+
+
+def recorded(
+    pk: int,
+    created_at: dt.datetime,
+    order_ref: str,
+    lines: Cart,
+    strategy: str,
+    retries: int,
+    expires_at: dt.datetime | None,
+    db: str,
+) -> Reservation:
+    """The RESERVED reservation a statement of ours just inserted, as a saved model
+    instance (``created`` True), without reading it back."""
+    reservation = Reservation(
+        id=pk, order_ref=order_ref, lines=lines, strategy=strategy,
+        status=Reservation.Status.RESERVED, created_at=created_at, updated_at=created_at,
+        expires_at=expires_at,
+    )  # fmt: skip
+    reservation._state.adding, reservation._state.db = False, db
+    reservation.created, reservation.retries = True, retries
+    return reservation

@@ -1,0 +1,153 @@
+"""Group commit (stock_locks.stock.groupcommit): reservations that Redis took while
+another one was being written share one database transaction, and never sell
+what is not there.
+
+Every buyer is its own OS process. The test holds the SKU's row lock from a
+connection of its own, so the first buyer's write waits on it while the others
+queue; it lets go once the queue holds them all, and the next transaction then
+carries every queued reservation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test import override_settings
+
+from stock_locks.connection import get_redis
+from stock_locks.exceptions import OutOfStock
+from stock_locks.keys import StockKeys
+from stock_locks.models import Reservation
+from stock_locks.stock import get_strategy
+from tests.inventory.models import Item
+from tests.support.fault_processes import Child, kill_children, waiting_on_a_lock
+from tests.support.stock_audit import audit
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BUYERS = 5
+
+
+@pytest.fixture(autouse=True)
+def no_child_left() -> Iterator[None]:
+    yield
+    kill_children()
+
+
+def buy(ref: str, cart: dict[str, int], wait: float) -> tuple[str, Any]:  # in a child
+    """Reserve ``cart`` for ``ref`` with the lua strategy (group commit waiting at most
+    ``wait`` seconds): ("sold", created) or ("refused", units available)."""
+    with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "GROUP_COMMIT_WAIT": wait}):
+        try:
+            return "sold", get_strategy("lua").reserve(ref, cart).created
+        except OutOfStock as refusal:
+            return "refused", refusal.available
+
+
+@contextmanager
+def row_locked(*codes: str) -> Iterator[psycopg.Connection]:
+    """Hold the rows of ``codes`` FOR UPDATE on a connection of the test's own."""
+    params = connection.settings_dict
+    with psycopg.connect(
+        dbname=params["NAME"], user=params["USER"], host=params["HOST"],
+        port=params["PORT"] or 5432, password=params["PASSWORD"] or None,
+    ) as own:  # fmt: skip
+        table, column = Item._meta.db_table, Item._meta.get_field("code").column
+        own.execute(f'SELECT 1 FROM "{table}" WHERE "{column}" = ANY(%s) FOR UPDATE', [list(codes)])
+        yield own
+        own.rollback()
+
+
+def queued() -> int:
+    return get_redis().llen(StockKeys().confirm_queue)
+
+
+def buyers_behind_a_locked_row(
+    cart: dict[str, int], wait: float = 30, grouped: bool = True
+) -> list[Child]:
+    """Start BUYERS buyers of ``cart`` (sessions named gc-<i>) while its rows are
+    locked; let go once one of them is writing alone and the others are queued
+    behind it (not ``grouped``: once all of them wait on the rows)."""
+    with row_locked(*cart):
+        children = [
+            Child(buy, f"gc-{i}", cart, wait, env={"PGAPPNAME": f"gc-{i}"})
+            for i in range(BUYERS)
+        ]
+        if grouped:
+            wait_until(lambda: queued() == BUYERS - 1, what="every buyer but one queued")
+        else:
+            wait_until(
+                lambda: all(waiting_on_a_lock(f"gc-{i}") for i in range(BUYERS)),
+                what="every buyer waiting on the row",
+            )
+    return children
+
+
+def transactions() -> list[int]:
+    """How many reservations each transaction wrote (PostgreSQL's now() is the
+    transaction's start, so rows of one transaction share created_at), ascending."""
+    rows = Reservation.objects.filter(order_ref__startswith="gc-")
+    return sorted(Counter(rows.values_list("created_at", flat=True)).values())
+
+
+def test_reservations_queued_behind_a_write_share_one_transaction():
+    Item.objects.create(code="HOT", title="hot", on_hand=10)
+    children = buyers_behind_a_locked_row({"HOT": 1})
+    assert [child.result() for child in children] == [("sold", True)] * BUYERS
+    assert transactions() == [1, BUYERS - 1]  # the first alone, then all the others at once
+    book = audit("HOT", 10)
+    assert book.conserved and book.open == BUYERS and book.stock == 10 - BUYERS, book.summary()
+    assert get_strategy("lua").available("HOT") == 10 - BUYERS
+    assert queued() == 0
+    assert not get_redis().exists(StockKeys().confirm_leader)  # no one leads once all is written
+
+
+def test_carts_of_several_skus_share_one_transaction_too():
+    Item.objects.create(code="CUP", title="cup", on_hand=10)
+    Item.objects.create(code="TEA", title="tea", on_hand=10)
+    children = buyers_behind_a_locked_row({"CUP": 1, "TEA": 2})
+    assert [child.result() for child in children] == [("sold", True)] * BUYERS
+    assert transactions() == [1, BUYERS - 1]
+    for sku, qty in (("CUP", 1), ("TEA", 2)):
+        book = audit(sku, 10)
+        assert book.conserved and book.stock == 10 - BUYERS * qty, book.summary()
+
+
+def test_a_batch_the_database_refuses_is_written_one_by_one():
+    """Redis believes in 10 units, the database has 2 (changed behind its back): the
+    batch of four asks more than is left, so each buyer writes its own, and the
+    database sells what it has: nothing oversold, the refused get their units
+    back in Redis."""
+    Item.objects.create(code="HOT", title="hot", on_hand=10)
+    lua = get_strategy("lua")
+    assert lua.available("HOT") == 10  # the counter is loaded from the database
+    Item.objects.filter(code="HOT").update(on_hand=2)  # no signal: Redis still says 10
+    children = buyers_behind_a_locked_row({"HOT": 1})
+    outcomes = Counter(child.result()[0] for child in children)
+    assert outcomes == {"sold": 2, "refused": BUYERS - 2}
+    assert Item.objects.get(code="HOT").on_hand == 0
+    assert Reservation.objects.filter(order_ref__startswith="gc-").count() == 2
+    assert lua.available("HOT") == 10 - 2  # what the refused took in Redis went back
+    assert queued() == 0
+
+
+def buy_without_group_commit(ref: str, cart: dict[str, int], wait: float) -> tuple[str, Any]:
+    with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "GROUP_COMMIT": False}):
+        return buy(ref, cart, wait)
+
+
+def test_with_group_commit_off_every_reservation_is_its_own_transaction(monkeypatch):
+    Item.objects.create(code="HOT", title="hot", on_hand=10)
+    monkeypatch.setattr(f"{__name__}.buy", buy_without_group_commit)
+    children = buyers_behind_a_locked_row({"HOT": 1}, grouped=False)
+    assert [child.result() for child in children] == [("sold", True)] * BUYERS
+    assert transactions() == [1] * BUYERS
+    assert audit("HOT", 10).conserved
