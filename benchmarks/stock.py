@@ -245,8 +245,8 @@ def ceiling_calls() -> tuple:
     def raw_reserve():
         ref = f"ceiling-raw-{next(refs)}"
         return client.evalsha(
-            reserve_sha, 5, keys.record(ref), index, keys.loaded, keys.versions, counter,
-            ref, 1, HOT_SKU,
+            reserve_sha, 7, keys.record(ref), index, keys.loaded, keys.versions,
+            keys.confirm_queue, keys.confirm_leader, counter, ref, 1, HOT_SKU,
         )  # fmt: skip
 
     def redis_half():

@@ -1,17 +1,15 @@
--- Join the database confirmations of reservations Redis took (group commit,
--- stock_locks.stock.groupcommit).
+-- Join the group commit for a reservation Redis took (see _confirm_join.lua); the
+-- lua strategy does this inside stock_reserve.lua instead.
 --
 -- KEYS[1] queue of confirmations waiting for a leader   KEYS[2] leader (token, leased)
 -- ARGV[1] the job   ARGV[2] token of this caller, should it lead   ARGV[3] lease ms
 -- ARGV[4] how long the caller waits for an answer, ms
--- Returns {1} when no one led: the caller leads now and writes its own job alone.
--- Else {0, entry}: the job is queued as entry ("<deadline ms> <job>", the deadline
--- on this server's clock), for the caller to take back should it stop waiting.
-if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then
+-- Returns {1} (the caller leads and writes its own) or {0, entry} (queued).
+-- include _confirm_join.lua
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local joined = confirm_join(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], now_ms)
+if joined == 1 then
   return {1}
 end
-local now = redis.call('TIME')
-local deadline = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(ARGV[4])
-local entry = string.format('%d %s', deadline, ARGV[1])
-redis.call('RPUSH', KEYS[1], entry)
-return {0, entry}
+return {0, joined}

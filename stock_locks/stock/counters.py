@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from abc import abstractmethod
 from collections.abc import Iterable
+from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connection
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -29,6 +30,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .. import scripts
 from ..backends import get_backend
 from ..backends.redis import RedisBackend, backend_for_client
+from ..conf import settings
 from ..connection import CLUSTER_UNAVAILABLE_ERRORS, REDIS_ERRORS, get_redis
 from ..exceptions import InvalidQuantity, OutOfStock, RedisUnavailable, StaleFencingToken
 from ..keys import StockKeys
@@ -82,20 +84,31 @@ class RedisStockStrategy(StockStrategy):
         OutOfStock (nothing taken) or redis-py's errors.
         """
 
+    def take_in_redis(
+        self, order_ref: str, lines: Cart, job: Confirmation | None
+    ) -> tuple[bool, int, int, Any]:
+        """:meth:`reserve_in_redis`, plus the reply of the group commit's join when the
+        Redis step joined it for ``job`` (None: it did not; the default)."""
+        return (*self.reserve_in_redis(order_ref, lines), None)
+
     def do_reserve(self, order_ref: str, lines: Cart, ttl_ms: int | None) -> Reservation:
+        job = Confirmation(order_ref, lines, self.name, ttl_ms) if settings.GROUP_COMMIT else None
         try:
-            took, now_ms, retries = self.reserve_in_redis(order_ref, lines)
+            took, now_ms, retries, joined = self.take_in_redis(order_ref, lines, job)
         except REDIS_DOWN as exc:
             # The script may have run: a retry with this order ref finds its record.
             raise RedisUnavailable(f"Redis unreachable, nothing reserved: {exc}") from exc
-        return self.reserve_in_database(order_ref, lines, ttl_ms, took, now_ms, retries)
+        return self.reserve_in_database(
+            order_ref, lines, ttl_ms, took, now_ms, retries, job=job, joined=joined
+        )
 
     def reserve_in_database(
         self, order_ref: str, lines: Cart, ttl_ms: int | None, took: bool, now_ms: int,
-        retries: int, in_event_loop_thread: bool = False,
+        retries: int, job: Confirmation | None = None, joined: Any = None,
     ) -> Reservation:  # fmt: skip
-        """The database half of a reserve whose Redis half answered ``took``: with the
-        reservations taken at the same moment (:mod:`.groupcommit`) when it can."""
+        """The database half of a reserve whose Redis half answered ``took``: with
+        ``job``, in a batch with the reservations taken meanwhile (:mod:`.groupcommit`;
+        ``joined`` is the Redis step's join, if it made one)."""
         if not took:
             repeat = repeat_of(order_ref, lines)
             if repeat is not None:
@@ -108,9 +121,8 @@ class RedisStockStrategy(StockStrategy):
             return self.stock.take_and_record(order_ref, lines, self.name, retries, expires_at)
 
         try:
-            if took and groupcommit.applies(in_event_loop_thread):
-                job = Confirmation(order_ref, lines, self.name, retries, expires_at)
-                return self.group_commit.confirm(job, write_alone)
+            if took and job is not None and (joined is not None or groupcommit.applies()):
+                return self.group_commit.confirm(job, write_alone, retries, joined)
             return write_alone()
         except IntegrityError:
             return self._duplicate(order_ref, lines, took)

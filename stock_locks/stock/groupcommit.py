@@ -33,7 +33,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, router
@@ -59,33 +59,51 @@ ALONE = "alone"
 
 @dataclass(frozen=True)
 class Confirmation:
-    """A reservation Redis took, to be written to the database."""
+    """A reservation Redis takes, to be written to the database; ``now_ms`` (the Redis
+    clock when it was queued) is known once it is."""
 
     order_ref: str
     lines: Cart
     strategy: str
-    retries: int
-    expires_at: dt.datetime | None
+    ttl_ms: int | None
+    now_ms: int | None = None
+    #: This caller's token, should it lead (set by :meth:`join_args`).
+    token: str = field(default="", compare=False)
+
+    @property
+    def expires_at(self) -> dt.datetime | None:
+        if self.ttl_ms is None or self.now_ms is None:
+            return None
+        return dt.datetime.fromtimestamp((self.now_ms + self.ttl_ms) / 1000, tz=dt.UTC)
 
     def encode(self) -> str:
-        expires = None if self.expires_at is None else self.expires_at.isoformat()
-        return json.dumps([self.order_ref, self.lines, self.strategy, self.retries, expires])
+        return json.dumps([self.order_ref, self.lines, self.strategy, self.ttl_ms])
 
     @classmethod
     def decode(cls, entry: bytes | str) -> Confirmation:
-        """From a queue entry, ``"<deadline ms> <encoded>"``."""
+        """From a queue entry, ``"<deadline ms> <now ms> <encoded>"``."""
         text = entry.decode() if isinstance(entry, bytes) else entry
-        ref, lines, strategy, retries, expires = json.loads(text.split(" ", 1)[1])
-        return cls(ref, lines, strategy, retries, expires and dt.datetime.fromisoformat(expires))
+        _, now_ms, encoded = text.split(" ", 2)
+        ref, lines, strategy, ttl_ms = json.loads(encoded)
+        return cls(ref, lines, strategy, ttl_ms, int(now_ms))
+
+    def join_args(self) -> list[Any]:
+        """The arguments of a join (_confirm_join.lua): job, token, lease and wait in ms.
+        Made when a join is sent, not before (most attempts of a sale are refusals)."""
+        if not self.token:
+            object.__setattr__(self, "token", secrets.token_hex(8))
+        wait = _ms(float(settings.GROUP_COMMIT_WAIT))
+        return [self.encode(), self.token, wait, wait]
 
 
-def applies(in_event_loop_thread: bool = False) -> bool:
-    """Whether a reservation's database half may go through group commit: the
+def applies() -> bool:
+    """Whether a reservation's database half may go through group commit now: the
     setting is on, the database is PostgreSQL, and the caller is not inside a
-    transaction of its own (its reservation must be written in that transaction)
-    nor in the one thread that runs an event loop's database calls (waiting there
-    for a batch would hold up every other database call of the loop)."""
-    if not settings.GROUP_COMMIT or in_event_loop_thread:
+    transaction of its own (its reservation must be written in that transaction).
+    Async views do not use it (waiting for a batch in the one thread of an event
+    loop's database calls would hold up all of them). Asked when a join is about
+    to be sent, not for every attempt."""
+    if not settings.GROUP_COMMIT:
         return False
     connection = connections[router.db_for_write(Reservation)]
     return connection.vendor == "postgresql" and not connection.in_atomic_block
@@ -99,39 +117,49 @@ class GroupCommit:
         self.keys = keys
         self.stock = stock
 
-    def confirm(self, job: Confirmation, write_alone: Callable[[], Reservation]) -> Reservation:
+    def confirm(
+        self,
+        job: Confirmation,
+        write_alone: Callable[[], Reservation],
+        retries: int = 0,
+        joined: Any = None,
+    ) -> Reservation:
         """Write ``job`` to the database, in a batch with whatever else is queued, or
         alone by ``write_alone()`` (when this caller leads first, when its batch was
         refused or failed, when no answer came in time, or when Redis cannot be
-        reached). Returns the reservation; raises what ``write_alone`` raises.
+        reached). ``joined``: the reply of the join the reserve script made (1: this
+        caller leads; else its queue entry); None: join now. Returns the
+        reservation (``retries`` set); raises what ``write_alone`` raises.
 
         Blocks for the transaction that carries ``job``; waits at most
         ``GROUP_COMMIT_WAIT`` seconds for another caller's.
         """
-        wait = float(settings.GROUP_COMMIT_WAIT)
-        token = secrets.token_hex(8)
-        try:
-            reply = scripts.STOCK_CONFIRM_JOIN(
-                [self.keys.confirm_queue, self.keys.confirm_leader],
-                [job.encode(), token, _ms(wait), _ms(wait)],
-                client=self.redis,
-            )
-        except REDIS_ERRORS as exc:
-            log.info("group commit unreachable (%s): %r writes its own", exc, job.order_ref)
-            return write_alone()
-        if reply[0] == LEADS:  # no one led: this caller writes its own, then hands over
+        deadline = time.monotonic() + float(settings.GROUP_COMMIT_WAIT)
+        if joined is None:
+            try:
+                reply = scripts.STOCK_CONFIRM_JOIN(
+                    [self.keys.confirm_queue, self.keys.confirm_leader],
+                    job.join_args(),
+                    client=self.redis,
+                )
+            except REDIS_ERRORS as exc:
+                log.info("group commit unreachable (%s): %r writes its own", exc, job.order_ref)
+                return write_alone()
+            joined = reply[1] if reply[0] == 0 else LEADS
+        if joined == LEADS:  # no one led: this caller writes its own, then hands over
             try:
                 return write_alone()
             finally:
-                self._pass(token, None, {})
-        answer = self._await_answer(job, reply[1], time.monotonic() + wait)
+                self._pass(job.token, None, {})
+        entry = Confirmation.decode(joined)
+        answer = self._await_answer(job, joined, deadline)
         if answer.startswith("lead "):
             answer = self._lead(answer, job)
         if answer.startswith("ok "):
             _, pk, created = answer.split(" ", 2)
             return recorded(
                 int(pk), dt.datetime.fromisoformat(created), job.order_ref, job.lines,
-                job.strategy, job.retries, job.expires_at, router.db_for_write(Reservation),
+                job.strategy, retries, entry.expires_at, router.db_for_write(Reservation),
             )  # fmt: skip
         return write_alone()
 

@@ -20,8 +20,10 @@ from ..backends.redis import Eval, Requests, Tool
 from ..exceptions import OutOfStock, RedisUnavailable, StockLocksError
 from ..lease import arun, run
 from ..models import Reservation
+from . import groupcommit
 from .cart import Cart
 from .counters import REDIS_DOWN, RedisStockStrategy, stock_backend
+from .groupcommit import Confirmation
 from .soldout import cache_for
 
 # stock_reserve.lua's reply codes
@@ -31,17 +33,29 @@ MAX_LOADS = 3
 
 class LuaStrategy(RedisStockStrategy):
     def reserve_in_redis(self, order_ref: str, lines: Cart) -> tuple[bool, int, int]:
-        return run(self._reserve_steps(order_ref, lines), self._perform)
+        took, now_ms, retries, _ = run(self._reserve_steps(order_ref, lines), self._perform)
+        return took, now_ms, retries
+
+    def take_in_redis(
+        self, order_ref: str, lines: Cart, job: Confirmation | None
+    ) -> tuple[bool, int, int, Any]:
+        """The script joins the group commit for ``job`` in the same round trip."""
+        return run(self._reserve_steps(order_ref, lines, job), self._perform)
 
     def _perform(self, request: Any) -> Any:
         if type(request) is Eval:
             return request.script(request.keys, request.argv, client=self.redis)
         return request.function(self.redis)
 
-    def _reserve_steps(self, order_ref: str, lines: Cart) -> Requests[tuple[bool, int, int]]:
+    def _reserve_steps(
+        self, order_ref: str, lines: Cart, job: Confirmation | None = None
+    ) -> Requests[tuple[bool, int, int, Any]]:
         skus = list(lines)
         k = self.keys
-        keys = [k.record(order_ref), k.index, k.loaded, k.versions, *map(k.counter, skus)]
+        keys = [
+            k.record(order_ref), k.index, k.loaded, k.versions, k.confirm_queue,
+            k.confirm_leader, *map(k.counter, skus),
+        ]  # fmt: skip
         argv: list[Any] = [order_ref, *lines.values(), *skus]
         sold_out = cache_for(self.redis, k.versions)
         for _ in range(MAX_LOADS):
@@ -49,10 +63,12 @@ class LuaStrategy(RedisStockStrategy):
                 if short := sold_out.short_line(lines):
                     raise OutOfStock(*short)
                 ticket = sold_out.ticket()
-            reply = yield Eval(scripts.STOCK_RESERVE, keys, argv)
+            join = job.join_args() if job is not None and groupcommit.applies() else []
+            reply = yield Eval(scripts.STOCK_RESERVE, keys, [*argv, *join])
             code = reply[0]
             if code in (RESERVED, ALREADY_RESERVED):
-                return code == RESERVED, int(reply[1]), 0
+                joined = reply[2] if len(reply) > 2 else None
+                return code == RESERVED, int(reply[1]), 0, joined
             if code == SHORT:
                 sku, avail = skus[reply[1] - 1], int(reply[2])
                 if sold_out is not None:
@@ -77,7 +93,7 @@ class LuaStrategy(RedisStockStrategy):
 
         try:
             with self.deciding(ref):
-                took, now_ms, retries = await arun(
+                took, now_ms, retries, _ = await arun(
                     self._reserve_steps(ref, lines), transport_for(stock_backend()).perform
                 )
         except REDIS_DOWN as exc:
@@ -85,9 +101,7 @@ class LuaStrategy(RedisStockStrategy):
 
         def in_database() -> Reservation:
             with self.deciding(ref):
-                reservation = self.reserve_in_database(
-                    ref, lines, ttl_ms, took, now_ms, retries, in_event_loop_thread=True
-                )
+                reservation = self.reserve_in_database(ref, lines, ttl_ms, took, now_ms, retries)
             return self.reserved(reservation, ttl_ms)
 
         return await sync_to_async(in_database)()

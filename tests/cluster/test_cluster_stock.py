@@ -120,7 +120,8 @@ def test_a_script_over_keys_of_two_tags_is_refused_by_the_cluster(redis_client):
     with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "STOCK_HASH_TAG": "other"}):
         elsewhere = StockKeys()
     argv = ["split", 1, 1, "TEA", "TEA"]
-    mixed = [keys.record("split"), keys.index, keys.loaded, keys.versions, keys.counter("TEA")]
+    mixed = [keys.record("split"), keys.index, keys.loaded, keys.versions, keys.confirm_queue]
+    mixed += [keys.confirm_leader, keys.counter("TEA")]
     mixed.append(elsewhere.counter("TEA"))
     with pytest.raises(Exception, match="same key slot|CROSSSLOT"):
         scripts.STOCK_RESERVE(mixed, argv, client=redis_client)
