@@ -149,7 +149,7 @@ def reserved(strategy: str, created: bool, retries: int) -> None:
 
 def refused(strategy: str, order_ref: str, sku: str, requested: int, available: int) -> None:
     """A reserve was refused for lack of stock; sends ``stock_refused``."""
-    from .signals import stock_refused
+    from .signals import stock_refused  # (after Django's apps: signals imports models)
 
     if _enabled():
         _count("refusals", (strategy,), field=f"refusals:{strategy}")

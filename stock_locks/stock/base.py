@@ -11,8 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connection, transaction
@@ -78,14 +78,9 @@ class StockStrategy(ABC):
         with self.deciding(ref):
             return self.reserved(self.do_reserve(ref, lines, ttl_ms), ttl_ms)
 
-    @contextmanager
-    def deciding(self, order_ref: str) -> Iterator[None]:
+    def deciding(self, order_ref: str) -> Deciding:
         """Around a reserve's decision: record its refusal (metrics, ``stock_refused``)."""
-        try:
-            yield
-        except OutOfStock as refusal:
-            metrics.refused(self.name, order_ref, refusal.sku, refusal.requested, refusal.available)
-            raise
+        return Deciding(self.name, order_ref)
 
     async def areserve(
         self, order_ref: str, cart: Mapping[str, int], *, ttl: float | None = None
@@ -217,6 +212,25 @@ class StockStrategy(ABC):
     @abstractmethod
     def available(self, sku: str) -> int:
         """Units of ``sku`` that can be reserved now."""
+
+
+class Deciding:
+    """:meth:`StockStrategy.deciding` (a class, not a generator: a refusal passes
+    through it on every sold-out attempt of a sale)."""
+
+    __slots__ = ("strategy", "order_ref")
+
+    def __init__(self, strategy: str, order_ref: str) -> None:
+        self.strategy, self.order_ref = strategy, order_ref
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, refusal: Any, _tb: Any) -> None:
+        if kind is not None and issubclass(kind, OutOfStock):
+            metrics.refused(
+                self.strategy, self.order_ref, refusal.sku, refusal.requested, refusal.available
+            )
 
 
 def strategy_of(reservation: Reservation, default: StockStrategy) -> StockStrategy:
