@@ -42,12 +42,14 @@ def no_child_left() -> Iterator[None]:
     kill_children()
 
 
-def buy(ref: str, cart: dict[str, int], wait: float) -> tuple[str, Any]:  # in a child
-    """Reserve ``cart`` for ``ref`` with the lua strategy (group commit waiting at most
-    ``wait`` seconds): ("sold", created) or ("refused", units available)."""
+def buy(
+    ref: str, cart: dict[str, int], wait: float, strategy: str = "lua"
+) -> tuple[str, Any]:  # in a child
+    """Reserve ``cart`` for ``ref`` (group commit waiting at most ``wait`` seconds):
+    ("sold", created) or ("refused", units available)."""
     with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "GROUP_COMMIT_WAIT": wait}):
         try:
-            return "sold", get_strategy("lua").reserve(ref, cart).created
+            return "sold", get_strategy(strategy).reserve(ref, cart).created
         except OutOfStock as refusal:
             return "refused", refusal.available
 
@@ -71,14 +73,14 @@ def queued() -> int:
 
 
 def buyers_behind_a_locked_row(
-    cart: dict[str, int], wait: float = 30, grouped: bool = True
+    cart: dict[str, int], wait: float = 30, grouped: bool = True, strategy: str = "lua"
 ) -> list[Child]:
     """Start BUYERS buyers of ``cart`` (sessions named gc-<i>) while its rows are
     locked; let go once one of them is writing alone and the others are queued
     behind it (not ``grouped``: once all of them wait on the rows)."""
     with row_locked(*cart):
         children = [
-            Child(buy, f"gc-{i}", cart, wait, env={"PGAPPNAME": f"gc-{i}"})
+            Child(buy, f"gc-{i}", cart, wait, strategy, env={"PGAPPNAME": f"gc-{i}"})
             for i in range(BUYERS)
         ]
         if grouped:
@@ -98,14 +100,16 @@ def transactions() -> list[int]:
     return sorted(Counter(rows.values_list("created_at", flat=True)).values())
 
 
-def test_reservations_queued_behind_a_write_share_one_transaction():
+@pytest.mark.parametrize("strategy", ["lua", "watch"])
+def test_reservations_queued_behind_a_write_share_one_transaction(strategy):
+    """lua joins the queue inside its reserve script, watch with a script of its own."""
     Item.objects.create(code="HOT", title="hot", on_hand=10)
-    children = buyers_behind_a_locked_row({"HOT": 1})
+    children = buyers_behind_a_locked_row({"HOT": 1}, strategy=strategy)
     assert [child.result() for child in children] == [("sold", True)] * BUYERS
     assert transactions() == [1, BUYERS - 1]  # the first alone, then all the others at once
     book = audit("HOT", 10)
     assert book.conserved and book.open == BUYERS and book.stock == 10 - BUYERS, book.summary()
-    assert get_strategy("lua").available("HOT") == 10 - BUYERS
+    assert get_strategy(strategy).available("HOT") == 10 - BUYERS
     assert queued() == 0
     assert not get_redis().exists(StockKeys().confirm_leader)  # no one leads once all is written
 
@@ -139,9 +143,11 @@ def test_a_batch_the_database_refuses_is_written_one_by_one():
     assert queued() == 0
 
 
-def buy_without_group_commit(ref: str, cart: dict[str, int], wait: float) -> tuple[str, Any]:
+def buy_without_group_commit(
+    ref: str, cart: dict[str, int], wait: float, strategy: str
+) -> tuple[str, Any]:
     with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "GROUP_COMMIT": False}):
-        return buy(ref, cart, wait)
+        return buy(ref, cart, wait, strategy)
 
 
 def test_with_group_commit_off_every_reservation_is_its_own_transaction(monkeypatch):

@@ -5,7 +5,8 @@ In a flash sale every yes of the reserve script must reach the database (the
 reservation row and the guarded decrement of the SKU's row) before the buyer
 hears it. Written one transaction each, the yeses queue on the hot row's lock
 and pass it on one commit at a time. Instead each yes is queued in Redis
-(``stock_confirm_join.lua``); a caller that finds no one leading leads: it
+(``_confirm_join.lua``: inside the ``lua`` strategy's reserve script, in a
+script of its own for ``watch``); a caller that finds no one leading leads: it
 writes its own reservation alone, as without this module, then hands the lead
 to the caller at the head of the queue. That caller takes the queued
 reservations (its own first) as a batch, writes them in one transaction

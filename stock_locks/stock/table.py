@@ -148,18 +148,13 @@ class StockModel:
         (nothing written either)."""
         res, table, sku_col, qty_col = self._columns(db)
         total = sum(lines[sku] for _, lines, _, _ in orders)
-        values = ", ".join(["(%s, %s::jsonb, %s, %s, now(), now(), %s::timestamptz)"] * len(orders))
+        into, values, returning, rows = _reservation_rows(res, orders)
         sql = (
             f"WITH taken AS (UPDATE {table} SET {qty_col} = {qty_col} - %s "
             f"WHERE {sku_col} = %s AND {qty_col} >= %s RETURNING 1) "
-            f"INSERT INTO {res['table']} ({res['order_ref']}, {res['lines']}, "
-            f"{res['strategy']}, {res['status']}, {res['created_at']}, {res['updated_at']}, "
-            f"{res['expires_at']}) SELECT v.* FROM (VALUES {values}) AS v CROSS JOIN taken "
-            f"RETURNING {res['order_ref']}, {res['id']}, {res['created_at']}"
+            f"{into} SELECT v.* FROM (VALUES {values}) AS v CROSS JOIN taken {returning}"
         )
-        params: list[Any] = [total, sku, total]
-        for ref, lines, strategy, expires_at in orders:
-            params += [ref, json.dumps(lines), strategy, Reservation.Status.RESERVED, expires_at]
+        params: list[Any] = [total, sku, total, *rows]
         connection = connections[db]
         # Autocommit makes the statement its own transaction; inside the caller's
         # transaction a savepoint keeps a duplicate-ref error from aborting it.
@@ -193,20 +188,12 @@ class StockModel:
                 raise OutOfStock(sku, total, self.level(sku))
             return inserted
         res, table, sku_col, qty_col = self._columns(db)
-        values = ", ".join(["(%s, %s::jsonb, %s, %s, now(), now(), %s::timestamptz)"] * len(orders))
-        insert = (
-            f"INSERT INTO {res['table']} ({res['order_ref']}, {res['lines']}, "
-            f"{res['strategy']}, {res['status']}, {res['created_at']}, {res['updated_at']}, "
-            f"{res['expires_at']}) VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING "
-            f"RETURNING {res['order_ref']}, {res['id']}, {res['created_at']}"
-        )
+        into, values, returning, params = _reservation_rows(res, orders)
+        insert = f"{into} VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING {returning}"
         take = (
             f"UPDATE {table} SET {qty_col} = {qty_col} - %s "
             f"WHERE {sku_col} = %s AND {qty_col} >= %s"
         )
-        params: list[Any] = []
-        for ref, lines, strategy, expires_at in orders:
-            params += [ref, json.dumps(lines), strategy, Reservation.Status.RESERVED, expires_at]
         lines_of = {ref: lines for ref, lines, _, _ in orders}
         with transaction.atomic(using=db), connections[db].cursor() as cursor:
             cursor.execute(insert, params)
@@ -225,6 +212,21 @@ class StockModel:
         """In the caller's transaction: ``stock += qty`` per line."""
         for sku, qty in lines.items():
             self.objects.filter(**{self.sku: sku}).update(**{self.qty: models.F(self.qty) + qty})
+
+
+def _reservation_rows(
+    res: dict[str, str], orders: list[tuple[str, Cart, str, dt.datetime | None]]
+) -> tuple[str, str, str, list[Any]]:
+    """The RESERVED rows of ``orders`` for an INSERT: its ``INSERT INTO ...(columns)``,
+    a VALUES list, a RETURNING of (order ref, id, created_at), and the parameters."""
+    columns = ("order_ref", "lines", "strategy", "status", "created_at", "updated_at")
+    into = f"INSERT INTO {res['table']} ({', '.join(res[c] for c in columns)}, {res['expires_at']})"
+    row = "(%s, %s::jsonb, %s, %s, now(), now(), %s::timestamptz)"
+    returning = f"RETURNING {res['order_ref']}, {res['id']}, {res['created_at']}"
+    params: list[Any] = []
+    for ref, lines, strategy, expires_at in orders:
+        params += [ref, json.dumps(lines), strategy, Reservation.Status.RESERVED, expires_at]
+    return into, ", ".join([row] * len(orders)), returning, params
 
 
 def recorded(
