@@ -15,7 +15,7 @@ from stock_locks.delayqueue import HANDLERS, InvalidSchedule, handler
 from tests.delayapp import delay_handlers as test_app_handlers
 from tests.support.celery_processes import CeleryProcess, celery_environment
 from tests.support.processes import run_in_processes
-from tests.support.redis_stats import redis_ms
+from tests.support.redis_stats import data_keys, redis_ms
 from tests.support.waiting import wait_until
 
 
@@ -138,7 +138,7 @@ def test_batches_larger_than_one_lua_chunk_are_claimed_and_acked_whole(queue, re
     items = queue.claim(2500)
     assert len({item.id for item in items}) == 2500 and {item.attempts for item in items} == {1}
     assert queue.ack(*(item.id for item in items), "i0") == 2500  # a repeated id counts once
-    assert redis_client.dbsize() == 0
+    assert data_keys(redis_client) == []
 
 
 def test_bad_arguments_change_nothing(queue, redis_client):
@@ -157,7 +157,7 @@ def test_bad_arguments_change_nothing(queue, redis_client):
     for call in bad_calls:
         with pytest.raises(InvalidSchedule):
             call()
-    assert redis_client.dbsize() == 0
+    assert data_keys(redis_client) == []
 
 
 # -- draining ------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from stock_locks.stock import get_strategy
 from stock_locks.stock.ledger import commit_in_db
 from tests.inventory.models import Item
 from tests.support.processes import child_environment
+from tests.support.redis_stats import data_keys
 from tests.support.stress_runs import (
     assert_left_nothing,
     redis_state,
@@ -254,7 +255,7 @@ def test_naming_an_unknown_sku_is_an_error(command, redis_client):
     make_items(TEA=7)
     with pytest.raises(CommandError, match="TAE"):
         run(command, "TAE")
-    assert redis_client.dbsize() == 0, redis_client.keys()
+    assert data_keys(redis_client) == []
 
 
 # -- oversell_stress ------------------------------------------------------------------------
@@ -380,7 +381,7 @@ def test_oversell_stress_refuses_bad_options_before_running_anything(args, says,
     with pytest.raises(CommandError, match=says):
         run("oversell_stress", "--buyers", "10", "--processes", "2", *args)
     assert database_state() == before
-    assert redis_client.dbsize() == 0, redis_client.keys()
+    assert data_keys(redis_client) == []
 
 
 @pytest.mark.django_db(transaction=True)
@@ -420,7 +421,7 @@ def a_customer_is_mid_purchase() -> None:
 def test_oversell_stress_without_a_required_field_says_so_and_writes_nothing(redis_client):
     a_customer_is_mid_purchase()
     database_before, redis_before = inventory_state(), redis_state(redis_client)
-    keys_before = redis_client.dbsize()
+    keys_before = data_keys(redis_client)
 
     with pytest.raises(CommandError) as caught:
         run("oversell_stress", "--strategy", "all", "--buyers", "10", "--processes", "2")
@@ -430,7 +431,7 @@ def test_oversell_stress_without_a_required_field_says_so_and_writes_nothing(red
     assert "--field title=" in message and "--sku" in message
     assert "Nothing was written" in message
     assert inventory_state() == database_before
-    assert redis_state(redis_client) == redis_before and redis_client.dbsize() == keys_before
+    assert redis_state(redis_client) == redis_before and data_keys(redis_client) == keys_before
 
 
 @pytest.mark.django_db(transaction=True)

@@ -10,6 +10,13 @@ def commandstats(client) -> dict[str, int]:
     return {name: stats["calls"] for name, stats in client.info("commandstats").items()}
 
 
+def data_keys(client) -> list[bytes]:
+    """The keys of the test's data: every key but the metrics timeline, which each
+    process's flusher thread writes once a second whenever it has figures pending
+    (from whatever ran before), so "nothing written" cannot count it."""
+    return sorted(key for key in client.scan_iter() if not key.startswith(b"sl:metrics:"))
+
+
 def blocked_clients(client) -> int:
     """Clients blocked in a blocking command (BLPOP) right now."""
     return client.info("clients")["blocked_clients"]
