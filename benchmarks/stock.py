@@ -770,24 +770,21 @@ def targets(args, ceiling_result, hot_result, flash_result) -> list[str]:
         )
     if flash_result:
         runs = flash_result["runs"]
+
+        def lua_against(baseline: str, target: float) -> None:
+            pairs = flash_result["paired"]("lua", baseline)
+            r = support.median(pairs)
+            lines.append(
+                f"  flash sale lua / {baseline} attempts/s = {r:.2f}x >= {target:g}x: "
+                f"{support.verdict(r >= target)}  (rounds: "
+                + ", ".join(f"{p:.2f}" for p in pairs)
+                + ")"
+            )
+
         if "lua" in runs and BASELINE in runs:
-            pairs = flash_result["paired"]("lua")
-            r = support.median(pairs)
-            lines.append(
-                f"  flash sale lua / {BASELINE} attempts/s = {r:.2f}x >= {FLASH_TARGET:g}x: "
-                f"{support.verdict(r >= FLASH_TARGET)}  (rounds: "
-                + ", ".join(f"{p:.2f}" for p in pairs)
-                + ")"
-            )
+            lua_against(BASELINE, FLASH_TARGET)
         if "lua" in runs and BARE in runs:
-            pairs = flash_result["paired"]("lua", BARE)
-            r = support.median(pairs)
-            lines.append(
-                f"  flash sale lua / {BARE} attempts/s = {r:.2f}x >= {BARE_TARGET:g}x: "
-                f"{support.verdict(r >= BARE_TARGET)}  (rounds: "
-                + ", ".join(f"{p:.2f}" for p in pairs)
-                + ")"
-            )
+            lua_against(BARE, BARE_TARGET)
             for name in (NO_CACHE, NO_GROUP):  # what each of the two contributes
                 pairs = flash_result["paired"](name, BARE)
                 lines.append(

@@ -458,7 +458,7 @@ class StressRun:
             # connecting are not the sale's.
             for worker in workers:
                 while not ready.acquire(timeout=0.5):
-                    if not worker.is_alive() and worker.exitcode is not None:
+                    if worker.exitcode is not None:
                         break  # it died setting up: its report never comes
             began = time.perf_counter()
             start.set()

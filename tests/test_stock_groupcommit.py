@@ -11,7 +11,7 @@ carries every queued reservation.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -73,14 +73,18 @@ def queued() -> int:
 
 
 def buyers_behind_a_locked_row(
-    cart: dict[str, int], wait: float = 30, grouped: bool = True, strategy: str = "lua"
+    cart: dict[str, int],
+    wait: float = 30,
+    grouped: bool = True,
+    strategy: str = "lua",
+    buyer: Callable[..., tuple[str, Any]] = buy,
 ) -> list[Child]:
     """Start BUYERS buyers of ``cart`` (sessions named gc-<i>) while its rows are
     locked; let go once one of them is writing alone and the others are queued
     behind it (not ``grouped``: once all of them wait on the rows)."""
     with row_locked(*cart):
         children = [
-            Child(buy, f"gc-{i}", cart, wait, strategy, env={"PGAPPNAME": f"gc-{i}"})
+            Child(buyer, f"gc-{i}", cart, wait, strategy, env={"PGAPPNAME": f"gc-{i}"})
             for i in range(BUYERS)
         ]
         if grouped:
@@ -150,10 +154,9 @@ def buy_without_group_commit(
         return buy(ref, cart, wait, strategy)
 
 
-def test_with_group_commit_off_every_reservation_is_its_own_transaction(monkeypatch):
+def test_with_group_commit_off_every_reservation_is_its_own_transaction():
     Item.objects.create(code="HOT", title="hot", on_hand=10)
-    monkeypatch.setattr(f"{__name__}.buy", buy_without_group_commit)
-    children = buyers_behind_a_locked_row({"HOT": 1}, grouped=False)
+    children = buyers_behind_a_locked_row({"HOT": 1}, grouped=False, buyer=buy_without_group_commit)
     assert [child.result() for child in children] == [("sold", True)] * BUYERS
     assert transactions() == [1] * BUYERS
     assert audit("HOT", 10).conserved

@@ -76,25 +76,23 @@ class RedisStockStrategy(StockStrategy):
         self.group_commit = GroupCommit(self.redis, self.keys, self.stock)
 
     @abstractmethod
-    def reserve_in_redis(self, order_ref: str, lines: Cart) -> tuple[bool, int, int]:
-        """Take the lines from the counters: (took, now in ms on the Redis clock, retries).
+    def reserve_in_redis(
+        self, order_ref: str, lines: Cart, job: Confirmation | None = None
+    ) -> tuple[bool, int, int, Any]:
+        """Take the lines from the counters: (took, now in ms on the Redis clock,
+        retries, joined).
 
         ``took`` is False when ``order_ref`` already has a record (nothing
-        moved: an earlier attempt of this order took the units). Raises
-        OutOfStock (nothing taken) or redis-py's errors.
+        moved: an earlier attempt of this order took the units). ``joined`` is the
+        reply of the group commit's join when the Redis step joined it for ``job``
+        (None when it did not: the caller joins itself). Raises OutOfStock (nothing
+        taken) or redis-py's errors.
         """
-
-    def take_in_redis(
-        self, order_ref: str, lines: Cart, job: Confirmation | None
-    ) -> tuple[bool, int, int, Any]:
-        """:meth:`reserve_in_redis`, plus the reply of the group commit's join when the
-        Redis step joined it for ``job`` (None: it did not; the default)."""
-        return (*self.reserve_in_redis(order_ref, lines), None)
 
     def do_reserve(self, order_ref: str, lines: Cart, ttl_ms: int | None) -> Reservation:
         job = Confirmation(order_ref, lines, self.name, ttl_ms) if settings.GROUP_COMMIT else None
         try:
-            took, now_ms, retries, joined = self.take_in_redis(order_ref, lines, job)
+            took, now_ms, retries, joined = self.reserve_in_redis(order_ref, lines, job)
         except REDIS_DOWN as exc:
             # The script may have run: a retry with this order ref finds its record.
             raise RedisUnavailable(f"Redis unreachable, nothing reserved: {exc}") from exc

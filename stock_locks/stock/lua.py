@@ -32,14 +32,10 @@ MAX_LOADS = 3
 
 
 class LuaStrategy(RedisStockStrategy):
-    def reserve_in_redis(self, order_ref: str, lines: Cart) -> tuple[bool, int, int]:
-        took, now_ms, retries, _ = run(self._reserve_steps(order_ref, lines), self._perform)
-        return took, now_ms, retries
-
-    def take_in_redis(
-        self, order_ref: str, lines: Cart, job: Confirmation | None
+    def reserve_in_redis(
+        self, order_ref: str, lines: Cart, job: Confirmation | None = None
     ) -> tuple[bool, int, int, Any]:
-        """The script joins the group commit for ``job`` in the same round trip."""
+        """(The script joins the group commit for ``job`` in the same round trip.)"""
         return run(self._reserve_steps(order_ref, lines, job), self._perform)
 
     def _perform(self, request: Any) -> Any:

@@ -118,8 +118,6 @@ class StockModel:
             [sku] = lines
             order = (order_ref, lines, strategy, expires_at)
             inserted = self._take_and_record_in_one_statement(db, sku, [order])
-            if not inserted:  # nothing was taken, so nothing to roll back
-                raise OutOfStock(sku, lines[sku], self.level(sku))
             pk, created_at = inserted[order_ref]
             return recorded(pk, created_at, order_ref, lines, strategy, retries, expires_at, db)
         with transaction.atomic(using=db):
@@ -143,9 +141,9 @@ class StockModel:
     ) -> dict[str, tuple[int, dt.datetime]]:
         """Reservations whose carts all ask for one SKU, in one statement (a
         data-modifying CTE): one guarded decrement of their sum, and their rows
-        inserted only if it took. Returns ``{order ref: (id, created_at)}`` (empty:
-        refused, nothing written); ``IntegrityError`` when a ref already has a row
-        (nothing written either)."""
+        inserted only if it took. Returns ``{order ref: (id, created_at)}``; raises
+        :class:`OutOfStock` when the sum is not there and ``IntegrityError`` when a
+        ref already has a row (nothing written either way)."""
         res, table, sku_col, qty_col = self._columns(db)
         total = sum(lines[sku] for _, lines, _, _ in orders)
         into, values, returning, rows = _reservation_rows(res, orders)
@@ -161,7 +159,10 @@ class StockModel:
         scope = transaction.atomic(using=db) if connection.in_atomic_block else nullcontext()
         with scope, connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return {ref: (pk, created) for ref, pk, created in cursor.fetchall()}
+            inserted = {ref: (pk, created) for ref, pk, created in cursor.fetchall()}
+        if not inserted:  # nothing was taken, so nothing to roll back
+            raise OutOfStock(sku, total, self.level(sku))
+        return inserted
 
     def take_and_record_many(
         self, orders: list[tuple[str, Cart, str, dt.datetime | None]]
@@ -182,11 +183,7 @@ class StockModel:
         skus = {sku for _, lines, _, _ in orders for sku in lines}
         if len(skus) == 1 and all(len(lines) == 1 for _, lines, _, _ in orders):
             [sku] = skus
-            inserted = self._take_and_record_in_one_statement(db, sku, orders)
-            if not inserted:
-                total = sum(lines[sku] for _, lines, _, _ in orders)
-                raise OutOfStock(sku, total, self.level(sku))
-            return inserted
+            return self._take_and_record_in_one_statement(db, sku, orders)
         res, table, sku_col, qty_col = self._columns(db)
         into, values, returning, params = _reservation_rows(res, orders)
         insert = f"{into} VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING {returning}"

@@ -29,17 +29,22 @@ from ..connection import on_node
 from ..exceptions import ContentionError, OutOfStock, StockLocksError
 from .cart import Cart
 from .counters import RedisStockStrategy
+from .groupcommit import Confirmation
 
 MAX_BACKOFF_DOUBLINGS = 6
 MAX_LOADS = 3
 
 
 class WatchStrategy(RedisStockStrategy):
-    def reserve_in_redis(self, order_ref: str, lines: Cart) -> tuple[bool, int, int]:
+    def reserve_in_redis(
+        self, order_ref: str, lines: Cart, job: Confirmation | None = None
+    ) -> tuple[bool, int, int, Any]:
+        """(``job``: the group commit is joined after, by a script of its own.)"""
+
         def attempt(node: Any) -> tuple[bool, int, int]:
             return self._reserve(node, order_ref, lines)
 
-        return on_node(self.redis, self.keys.loaded, attempt)
+        return (*on_node(self.redis, self.keys.loaded, attempt), None)
 
     def _reserve(self, client: Any, order_ref: str, lines: Cart) -> tuple[bool, int, int]:
         k = self.keys

@@ -28,13 +28,11 @@ WAIT = 2.0  # GROUP_COMMIT_WAIT of the buyers, seconds
 @pytest.mark.parametrize("its_session", ["finishes", "is cut"])
 def test_the_leader_of_a_batch_dies_while_the_database_writes_it(its_session):
     Item.objects.create(code="HOT", title="hot", on_hand=10)
-    own = row_locked("HOT")
-    locked = own.__enter__()
-    children = {
-        f"gc-{i}": Child(buy, f"gc-{i}", {"HOT": 1}, WAIT, env={"PGAPPNAME": f"gc-{i}"})
-        for i in range(BUYERS)
-    }
-    try:
+    with row_locked("HOT") as locked:
+        children = {
+            f"gc-{i}": Child(buy, f"gc-{i}", {"HOT": 1}, WAIT, env={"PGAPPNAME": f"gc-{i}"})
+            for i in range(BUYERS)
+        }
         wait_until(lambda: queued() == BUYERS - 1, what="every buyer but one queued")
         entries = get_redis().lrange(StockKeys().confirm_queue, 0, -1)
         leader, blocked, *_ = [Confirmation.decode(entry).order_ref for entry in entries]
@@ -55,8 +53,7 @@ def test_the_leader_of_a_batch_dies_while_the_database_writes_it(its_session):
                 "WHERE application_name = %s",
                 [leader],
             )
-    finally:
-        own.__exit__(None, None, None)  # the test's row goes (rolled back)
+    # (the test's row went with its connection: rolled back)
 
     outcomes = {ref: child.result() for ref, child in children.items()}
     assert all(outcome[0] == "sold" for outcome in outcomes.values()), outcomes
