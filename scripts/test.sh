@@ -10,6 +10,10 @@
 #            and the fault suite (tests/faults: it kills and pauses servers for ~2 min;
 #            the newest step runs it, keeping the whole run under 15 minutes)
 #
+# The newest and lowest steps run side by side (both mostly wait on their servers and
+# processes): the lowest step's output goes to .cache/test-lowest.log and is printed
+# after the newest step's. It uses its own database (DATABASE_URL's name + "_lowest")
+# and its own redis-servers, as every test run does.
 # Sets up both virtualenvs and PostgreSQL (scripts/setup.sh --lowest), exports
 # DATABASE_URL from .cache/env.sh; the tests start their own redis-server processes.
 # Every step runs even when an earlier one failed; the exit status is 1 if any failed.
@@ -94,18 +98,71 @@ if wants lint; then
     record lint "$status" "$((SECONDS - start))" "ruff check, ruff format --check, mypy stock_locks"
 fi
 
+# The lowest step's database: DATABASE_URL's with "_lowest" appended to its name
+# (created when missing), so its test database does not collide with the newest's.
+lowest_database_url() {
+    .venv/bin/python - "$DATABASE_URL" <<'PY'
+import sys
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+url = urlsplit(sys.argv[1])
+if not url.scheme.startswith("postgres"):
+    print(sys.argv[1])  # not PostgreSQL: used as is
+    sys.exit()
+name = url.path.lstrip("/") + "_lowest"
+admin = urlunsplit(url._replace(path="/postgres"))
+with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
+    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+print(urlunsplit(url._replace(path=f"/{name}")))
+PY
+}
+
+# The lowest versions' run checks that the API stock_locks uses works there; the
+# many-process proofs (marked slow), the fault suite and the contract suite on a
+# Redis Cluster and on RedLock (the same redis-py calls as one Redis, in both
+# modes) exercise the same calls and run in the newest step.
+run_lowest() {
+    STOCK_LOCKS_CONTRACT_KINDS="redis zookeeper" \
+        pytest_run lowest .cache/venv-lowest/bin/python --ignore=tests/test_dashboard_browser.py \
+        -m "not slow and not faults" "$@"
+}
+
+LOWEST_PID=""
+LOWEST_LOG=.cache/test-lowest.log
+LOWEST_SUMMARY=.cache/test-lowest.summary
+if wants lowest && wants newest; then
+    rm -f "$LOWEST_SUMMARY"
+    lowest_url="$(lowest_database_url)"
+    echo "[test] lowest: running beside the newest step (output: $LOWEST_LOG, printed after it)"
+    (
+        export DATABASE_URL="$lowest_url"
+        run_lowest "$@"
+        printf '%s\n' "${SUMMARY[-1]}" >"$LOWEST_SUMMARY"
+    ) >"$LOWEST_LOG" 2>&1 &
+    LOWEST_PID=$!
+fi
+
 if wants newest; then
     pytest_run newest .venv/bin/python "$@"
 fi
 
-if wants lowest; then
-    # The lowest versions' run checks that the API stock_locks uses works there; the
-    # many-process proofs (marked slow), the fault suite and the contract suite on a
-    # Redis Cluster and on RedLock (the same redis-py calls as one Redis, in both
-    # modes) exercise the same calls and run in the newest step.
-    STOCK_LOCKS_CONTRACT_KINDS="redis zookeeper" \
-        pytest_run lowest .cache/venv-lowest/bin/python --ignore=tests/test_dashboard_browser.py \
-        -m "not slow and not faults" "$@"
+if [[ -n "$LOWEST_PID" ]]; then
+    wait "$LOWEST_PID" || true
+    echo "[test] ---- lowest step's output ($LOWEST_LOG) ----"
+    cat "$LOWEST_LOG"
+    if [[ -s "$LOWEST_SUMMARY" ]]; then
+        line="$(cat "$LOWEST_SUMMARY")"
+        SUMMARY+=("$line")
+        [[ "$line" != *FAILED* ]] || FAILED=1
+    else
+        record lowest 1 0 "the step ended without a result (see its output above)"
+    fi
+elif wants lowest; then
+    run_lowest "$@"
 fi
 
 echo "[test] summary:"

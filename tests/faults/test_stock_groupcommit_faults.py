@@ -50,7 +50,7 @@ def test_the_leader_of_a_batch_dies_while_the_database_writes_it(its_session):
         if its_session == "is cut":
             locked.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = %s",
+                "WHERE datname = current_database() AND application_name = %s",
                 [leader],
             )
     # (the test's row went with its connection: rolled back)

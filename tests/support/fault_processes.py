@@ -161,7 +161,8 @@ def waiting_on_a_lock(application_name: str) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity "
-            "WHERE application_name = %s AND wait_event_type = 'Lock'",
+            "WHERE datname = current_database() AND application_name = %s "
+            "AND wait_event_type = 'Lock'",
             [application_name],
         )
         return cursor.fetchone()[0] > 0
