@@ -42,17 +42,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from itertools import pairwise
 from typing import Any
 
 import redis
 
-from . import stock, support
+from . import lock_loops, stock, support
 
 NAME = "bench:redlock"  # every contender locks this name (each library adds its own prefix)
 INSIDE = "bench:inside"  # b: processes inside a critical section right now (counter server)
@@ -86,15 +84,7 @@ TARGET = 1.0  # RedLock x3 / pottery x3 uncontended cycles/s, fencing on
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks redlock",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
-    parser.add_argument(
-        "--only", choices=["a", "b", "c"], action="append", help="run only these sections"
-    )
+    parser = support.parser("redlock", __doc__, "abc")
     parser.add_argument(
         "--seconds", type=float, help="a and c: measured seconds per contender (3; quick 0.6)"
     )
@@ -124,9 +114,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--flash-processes", type=int, help="c: flash sale processes (8; quick 4)")
     parser.add_argument(
         "--flash-rounds", type=int, help="c: flash sale rounds, each side once (2; quick 1)"
-    )
-    parser.add_argument(
-        "--profile", action="store_true", help="append a cProfile of RedLock x3 and Lock cycles"
     )
     args = parser.parse_args(argv)
     quick = args.quick
@@ -231,54 +218,13 @@ def make_lock(kind: str, env: Env, counting: bool = False) -> Any:
     raise ValueError(kind)
 
 
-def paired(a: list[float], b: list[float]) -> list[float]:
-    return [x / y for x, y in zip(a, b, strict=True) if y]
-
-
 # -- a. uncontended ---------------------------------------------------------------------
 
 
-def timed_cycles(lock: Any, seconds: float) -> tuple[float, float]:
-    """Acquire+release cycles per second for ``seconds``, and this process's CPU per
-    cycle in microseconds (every thread's, user + system)."""
-    acquire, release = lock.acquire, lock.release
-    cycles = 0
-    clock = time.perf_counter
-    cpu = time.process_time()
-    start = clock()
-    end = start + seconds
-    while True:
-        for _ in range(BATCH):
-            if not acquire():
-                raise RuntimeError("an uncontended acquire was refused")
-            release()
-        cycles += BATCH
-        now = clock()
-        if now >= end:
-            return cycles / (now - start), (time.process_time() - cpu) / cycles * 1e6
-
-
-def measure(
-    env: Env, kinds: tuple[str, ...], args: argparse.Namespace, what: str
-) -> dict[str, dict[str, list[float]]]:
-    """Warm-up, then ``args.segments`` interleaved rounds of every contender: per
-    contender its cycles/s and client CPU us/cycle of each round."""
+def measure(env: Env, kinds: tuple[str, ...], args: argparse.Namespace, what: str) -> dict:
+    """``lock_loops.uncontended`` of ``kinds``, every master flushed before each run."""
     locks = {kind: make_lock(kind, env) for kind in kinds}
-    support.progress(f"{what}: warm-up")
-    for kind in kinds:
-        env.flush()
-        timed_cycles(locks[kind], args.warmup)
-    out: dict[str, dict[str, list[float]]] = {kind: {"rates": [], "cpu": []} for kind in kinds}
-    support.progress(f"{what}: {args.segments} rounds of {len(kinds)} contenders")
-    per = args.seconds / args.segments
-    for r in range(args.segments):
-        for kind in support.rotated(kinds, r):
-            env.flush()
-            rate, cpu = timed_cycles(locks[kind], per)
-            out[kind]["rates"].append(rate)
-            out[kind]["cpu"].append(cpu)
-    env.flush()
-    return out
+    return lock_loops.uncontended(locks, args.segments, args.seconds, args.warmup, env.flush, what)
 
 
 def server_cpu(env: Env) -> float:
@@ -384,8 +330,8 @@ def uncontended(env: Env, args: argparse.Namespace) -> list[str]:
                 f"{rate:,.0f}",
                 f"{min(rates[kind]):,.0f}-{max(rates[kind]):,.0f}",
                 f"{1e6 / rate:.0f}",
-                f"{support.median(paired(rates[kind], rates['pottery3'])):.2f}x",
-                f"{support.median(paired(rates[kind], rates['lock1'])):.2f}x",
+                f"{lock_loops.same_round(rates[kind], rates['pottery3']):.2f}x",
+                f"{lock_loops.same_round(rates[kind], rates['lock1']):.2f}x",
                 f"{count['replies'] / MASTER_COUNT[kind]:.2f}",
                 f"{count['commands']:.1f}",
                 f"{support.median(stats[kind]['cpu']):.0f}",
@@ -435,7 +381,7 @@ def uncontended(env: Env, args: argparse.Namespace) -> list[str]:
         by_name = counts[kind]["by_name"]
         detail = ", ".join(f"{name} {calls:.2f}" for name, calls in sorted(by_name.items()))
         lines.append(f"  {LABELS[kind]}: {detail}")
-    pairs = paired(rates["redlock3"], rates["pottery3"])
+    pairs = lock_loops.paired(rates["redlock3"], rates["pottery3"])
     ratio = support.median(pairs)
     of_medians = support.median(rates["redlock3"]) / support.median(rates["pottery3"])
     fenced = counts["redlock3"]["fence_ok"] and counts["redlock3"]["fences"] > 0
@@ -459,198 +405,27 @@ def uncontended(env: Env, args: argparse.Namespace) -> list[str]:
 # -- b. contended -------------------------------------------------------------------------
 
 
-def contended_worker(team, backends, master_urls, counter_url, plan, work_ms, outside_ms, warmup):
-    """One process of the contended test: runs every phase of ``plan`` in step with
-    the others; per phase, its sections as (acquire called, granted, fence or None)
-    and its counts of exclusion violations and acquire/release errors."""
-    from stock_locks.exceptions import StockLocksError
-
-    support.configure_stock_locks(BACKENDS=backends)
-    env = Env(master_urls, counter_url)
-    counter = redis.Redis.from_url(counter_url)
-    phases = []
-    for kind, seconds in plan:
-        lock = make_lock(kind, env)
-        team.sync()
-        if team.index == 0:
-            env.flush()
-            counter.flushall()
-        team.sync()
-        start = time.monotonic()
-        measure_from = start + warmup
-        stop = measure_from + seconds
-        samples = []
-        violations = errors = 0
-        error_sample = ""
-        while time.monotonic() < stop:
-            t0 = time.monotonic()
-            try:
-                granted = lock.acquire()
-            except (StockLocksError, redis.RedisError) as exc:
-                errors += 1
-                error_sample = error_sample or f"{type(exc).__name__}: {exc}"
-                continue
-            t1 = time.monotonic()
-            if not granted:
-                raise RuntimeError(f"{kind}: a blocking acquire returned False")
-            if counter.incr(INSIDE) != 1:
-                violations += 1
-            support.busy(work_ms / 1000)
-            counter.decr(INSIDE)
-            fence = lock.fence if kind in FENCED else None
-            try:
-                lock.release()
-            except (StockLocksError, redis.RedisError) as exc:
-                errors += 1
-                error_sample = error_sample or f"{type(exc).__name__}: {exc}"
-            samples.append((t0, t1, fence))
-            time.sleep(outside_ms / 1000)
-        phases.append(
-            {
-                "kind": kind,
-                "measure_from": measure_from,
-                "stop": stop,
-                "samples": samples,
-                "violations": violations,
-                "errors": errors,
-                "error_sample": error_sample,
-            }
-        )
-    counter.close()
-    env.close()
-    return phases
+def child_lock(kind: str, master_urls: list[str]) -> Any:
+    """``make_lock`` in a contended child process (it has no Env)."""
+    return make_lock(kind, Env(master_urls, ""))
 
 
 def contended(env: Env, args: argparse.Namespace) -> list[str]:
-    per_phase = args.contended_seconds / args.rounds
-    plan = []
-    for r in range(args.rounds):
-        plan += [(kind, per_phase) for kind in support.rotated(CONTENDED, r)]
-    support.progress(
-        f"contended: {args.processes} processes, {len(plan)} phases of "
-        f"{args.warmup:g} s warm-up + {per_phase:.2f} s"
-    )
-    results = support.run_workers(
-        contended_worker,
-        args.processes,
-        env.backends(),
-        env.urls(MASTERS),
-        env.counter_url,
-        plan,
-        args.work_ms,
-        args.outside_ms,
-        args.warmup,
-    )
-    stats = {
-        kind: {
-            "rates": [],
-            "waits": [],
-            "sections": Counter(),
-            "violations": 0,
-            "errors": 0,
-            "error_sample": "",
-            "again": 0,
-            "fences": 0,
-            "fence_ok": True,
-        }
-        for kind in CONTENDED
-    }
-    for p, (kind, _) in enumerate(plan):
-        phase = [worker[p] for worker in results]
-        lo = max(w["measure_from"] for w in phase)  # the window every worker measured in
-        hi = min(w["stop"] for w in phase)
-        entry = stats[kind]
-        grants = []  # (granted at, process, fence), the whole phase: fences in grant order
-        in_window = []
-        for index, w in enumerate(phase):
-            entry["violations"] += w["violations"]
-            entry["errors"] += w["errors"]
-            entry["error_sample"] = entry["error_sample"] or w["error_sample"]
-            for t0, t1, fence in w["samples"]:
-                grants.append((t1, index, fence))
-                if lo <= t1 < hi:
-                    in_window.append((t1, index))
-                    entry["sections"][index] += 1
-                if lo <= t0 < hi:
-                    entry["waits"].append(t1 - t0)
-        grants.sort()
-        in_window.sort()
-        entry["again"] += sum(a[1] == b[1] for a, b in pairwise(in_window))
-        entry["rates"].append(len(in_window) / (hi - lo))
-        if kind in FENCED:
-            fences = [fence for _, _, fence in grants]
-            entry["fences"] += len(fences)
-            entry["fence_ok"] &= all(a < b for a, b in pairwise(fences))
-    rows = []
-    for kind in CONTENDED:
-        entry = stats[kind]
-        waits = entry["waits"]
-        per_process = [entry["sections"][i] for i in range(args.processes)]
-        rows.append(
-            [
-                f"{LABELS[kind]} ({HOW_THEY_WAIT[kind]})",
-                f"{support.median(entry['rates']):,.0f}",
-                f"{support.median(paired(entry['rates'], stats['pottery3']['rates'])):.2f}x",
-                f"{support.percentile(waits, 50) * 1000:.2f}",
-                f"{support.percentile(waits, 99) * 1000:.2f}",
-                f"{max(waits) * 1000:.1f}" if waits else "-",
-                f"{min(per_process)}-{max(per_process)}",
-                f"{100 * entry['again'] / max(1, sum(per_process)):.0f}%",
-                entry["violations"],
-                entry["errors"],
-                (
-                    f"{entry['fences']:,} in grant order, "
-                    + ("strictly increasing" if entry["fence_ok"] else "NOT INCREASING")
-                )
-                if kind in FENCED
-                else "none (not fenced)",
-            ]
-        )
-    lines = [
-        f"b. Contended: {args.processes} processes on one lock name, TTL {TTL} s; inside each "
-        f"section {args.work_ms:g} ms of busy work between INCR/DECR of the inside counter "
-        f"(its own redis-server), {args.outside_ms:g} ms sleep outside; {args.rounds} "
-        f"interleaved rounds x {per_phase:.2f} s (after {args.warmup:g} s warm-up) per "
-        "contender. sections/s: median of rounds; waits (acquire() called to granted) "
-        "pooled over rounds",
+    stats = lock_loops.contended(
+        CONTENDED, child_lock, (env.master_urls,), processes=args.processes,
+        seconds=args.contended_seconds, rounds=args.rounds, warmup=args.warmup,
+        counter_url=env.counter_url, flush_urls=env.master_urls, backends=env.backends(),
+        work_ms=args.work_ms, outside_ms=args.outside_ms,
+    )  # fmt: skip
+    labels = {kind: f"{LABELS[kind]} ({HOW_THEY_WAIT[kind]})" for kind in CONTENDED}
+    return [
+        lock_loops.contended_intro("b", args, f", TTL {TTL} s"),
         "",
-        support.table(
-            [
-                "contender",
-                "sections/s",
-                "vs pottery x3*",
-                "wait p50 ms",
-                "wait p99 ms",
-                "wait max ms",
-                "sections per process min-max",
-                "same process again",
-                "violations",
-                "errors",
-                "fences",
-            ],
-            rows,
-        ),
-        "",
-        "* median over rounds of (sections/s / pottery's in the same round). same process "
-        "again: share of grants that went to the process that held the lock just before "
-        "(a poller that sleeps loses the race to the releaser). errors: acquire() or "
-        "release() raising (e.g. RedisUnavailable when a majority missed the node "
-        "timeout on this loaded machine); the loop then goes on.",
-    ]
-    for kind in CONTENDED:
-        if stats[kind]["error_sample"]:
-            lines.append(f"  {LABELS[kind]}, e.g.: {stats[kind]['error_sample']}")
-    violations = sum(stats[kind]["violations"] for kind in CONTENDED)
-    ours = stats["redlock3"]
-    lines += [
+        *lock_loops.contended_table(stats, labels, "pottery3", args.processes),
         "",
         "Targets:",
-        f"  mutual-exclusion violations, both contenders: {violations} == 0: "
-        f"{support.verdict(violations == 0)}",
-        f"  RedLock x3 fences strictly increasing in grant order across processes "
-        f"({ours['fences']:,} grants): {support.verdict(ours['fence_ok'] and ours['fences'] > 0)}",
+        *lock_loops.exclusion_targets(stats, ("redlock3",)),
     ]
-    return lines
 
 
 # -- c. Redis Cluster ---------------------------------------------------------------------
@@ -670,13 +445,13 @@ def cluster_locks(env: Env, args: argparse.Namespace) -> list[str]:
                 f"{rate:,.0f}",
                 f"{min(rates[kind]):,.0f}-{max(rates[kind]):,.0f}",
                 f"{1e6 / rate:.0f}",
-                f"{support.median(paired(rates[kind], rates[reference[kind]])):.2f}x",
-                f"{support.median(paired(rates[kind], rates['redis-py'])):.2f}x",
+                f"{lock_loops.same_round(rates[kind], rates[reference[kind]]):.2f}x",
+                f"{lock_loops.same_round(rates[kind], rates['redis-py']):.2f}x",
                 f"{support.median(stats[kind]['cpu']):.0f}",
             ]
         )
-    cluster_ratio = support.median(paired(rates["cluster"], rates["lock1"]))
-    redis_py_ratio = support.median(paired(rates["redis-py cluster"], rates["redis-py"]))
+    cluster_ratio = lock_loops.same_round(rates["cluster"], rates["lock1"])
+    redis_py_ratio = lock_loops.same_round(rates["redis-py cluster"], rates["redis-py"])
     return [
         f"c1. Uncontended Lock cycle, one Redis against a {CLUSTER_MASTERS}-master Redis "
         f"Cluster ({args.cluster_replicas} replicas per master), TTL {TTL} s: "
@@ -868,85 +643,19 @@ def prepare_database(args: argparse.Namespace) -> tuple[str | None, str]:
     return url, ""
 
 
-# -- profile ----------------------------------------------------------------------------
-
-
-def profile(env: Env, kind: str, seconds: float) -> list[str]:
-    """cProfile of ``kind``'s uncontended cycle: own time per cycle by package, and the
-    functions with the most own time (cProfile inflates small calls: compare shares)."""
-    import cProfile
-    import pstats
-
-    lock = make_lock(kind, env)
-    env.flush()
-    timed_cycles(lock, 0.2)
-    profiler = cProfile.Profile()
-    cycles = 0
-    end = time.perf_counter() + seconds
-    profiler.enable()
-    while time.perf_counter() < end:
-        lock.acquire()
-        lock.release()
-        cycles += 1
-    profiler.disable()
-    env.flush()
-    entries = pstats.Stats(profiler).stats  # (file, line, function) -> (cc, calls, own, cum, _)
-    groups: Counter = Counter()
-    for (path, _, function), (_, _, own, _, _) in entries.items():
-        if f"{os.sep}stock_locks{os.sep}" in path:
-            groups["stock_locks"] += own
-        elif f"{os.sep}redis{os.sep}" in path:
-            groups["redis-py"] += own
-        elif "socket" in function or "select" in function or "poll" in function:
-            groups["socket send/recv/poll"] += own
-        else:
-            groups["other (stdlib, builtins)"] += own
-    per_cycle = 1e6 / max(1, cycles)
-    top = sorted(
-        ((own, cum, calls, path, line, function)
-         for (path, line, function), (_, calls, own, cum, _) in entries.items()),
-        reverse=True,
-    )  # fmt: skip
-
-    def where(path: str, line: int, function: str) -> str:
-        for marker in ("stock_locks", "redis", "pottery"):
-            if f"{os.sep}{marker}{os.sep}" in path:
-                start = path.rindex(f"{os.sep}{marker}{os.sep}") + 1
-                return f"{path[start:]}:{line}({function})"
-        return f"{path}:{line}({function})" if path != "~" else function
-
-    rows = [
-        [where(path, line, function), calls // max(1, cycles), f"{own * per_cycle:.1f}",
-         f"{cum * per_cycle:.1f}"]
-        for own, cum, calls, path, line, function in top[:14]
-    ]  # fmt: skip
-    return [
-        f"cProfile of {cycles} {LABELS[kind]} cycles (profiled times are inflated; compare "
-        "shares). Own time per cycle by package:",
-        "  " + ", ".join(f"{name} {own * per_cycle:.1f} us" for name, own in groups.most_common()),
-        "",
-        support.table(["function", "calls/cycle", "own us/cycle", "cum us/cycle"], rows),
-    ]
-
-
 # -- report -------------------------------------------------------------------------------
 
 
-def header(env: Env) -> list[str]:
+def header(server: Any, quick: bool) -> list[str]:
     from stock_locks.backends import redlock
 
-    redis_py, pottery, django = map(support.dist_version, ("redis", "pottery", "Django"))
-    parser = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python"
     return [
-        f"RedLock and Redis Cluster benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
-        f"redis-server {support.redis_version(env.admin[0])} (private, 127.0.0.1: "
-        f"{MASTERS} independent masters + 1 counter server); Python "
-        f"{platform.python_version()} on {platform.machine()}; {os.cpu_count()} CPUs",
-        f"redis-py {redis_py} ({parser} parser), pottery {pottery}, "
-        f"Django {django}; RedLockBackend default options (NODE_TIMEOUT "
-        f"{redlock.NODE_TIMEOUT:g} s, RETRY_DELAY {redlock.RETRY_DELAY:g} s, CLOCK_DRIFT "
-        f"{redlock.CLOCK_DRIFT:g})",
-    ]
+        *support.header("RedLock and Redis Cluster benchmark", server,
+                        ("redis", "pottery", "Django"), quick),
+        f"{MASTERS} independent masters + 1 counter server; RedLockBackend default options "
+        f"(NODE_TIMEOUT {redlock.NODE_TIMEOUT:g} s, RETRY_DELAY {redlock.RETRY_DELAY:g} s, "
+        f"CLOCK_DRIFT {redlock.CLOCK_DRIFT:g})",
+    ]  # fmt: skip
 
 
 def main(argv: list[str]) -> str:
@@ -962,16 +671,11 @@ def main(argv: list[str]) -> str:
         env = Env([server.url for server in masters], counter.url)
         override = support.configure_stock_locks(BACKENDS=env.backends(counting=True))
         try:
-            lines = header(env)
-            if args.quick:
-                lines.append("(--quick smoke run: short measurements, numbers are rough)")
+            lines = header(masters[0], args.quick)
             if "a" in sections:
                 lines += [""] + uncontended(env, args)
             if "b" in sections:
                 lines += [""] + contended(env, args)
-            if args.profile:
-                for kind in ("redlock3", "lock1"):
-                    lines += [""] + profile(env, kind, 1.0 if args.quick else 3.0)
         finally:
             override.disable()
         if "c" in sections:

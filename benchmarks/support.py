@@ -8,8 +8,10 @@ redis-server on a free port (``tests.support.redis_servers.RedisServer``).
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import os
+import platform
 import queue
 import sys
 import time
@@ -17,6 +19,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
 
@@ -312,6 +315,43 @@ def load_line(before: str | None = None) -> str:
         f"Load average (1/5/15 min) at start {before}, at end {load_average()} ({cpus}): "
         "compare within a run, not across runs."
     )
+
+
+# -- the report's frame -------------------------------------------------------
+
+
+def parser(name: str, doc: str | None, sections: str = "") -> argparse.ArgumentParser:
+    """The argument parser of benchmark ``name``: its docstring as help, ``--quick``,
+    and ``--only`` when it has lettered ``sections``."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m benchmarks {name}",
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    if sections:
+        parser.add_argument(
+            "--only", choices=list(sections), action="append", help="run only these sections"
+        )
+    return parser
+
+
+def header(title: str, server: Any, dists: Sequence[str], quick: bool = False) -> list[str]:
+    """A report's first lines: ``title`` and the time, the redis-server of ``server``
+    (a RedisServer), Python and the machine, the versions of ``dists``."""
+    with server.client() as client:
+        version = redis_version(client)
+    parser = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python"
+    names = {"redis": f"redis-py {dist_version('redis')} ({parser} parser)"}
+    lines = [
+        f"{title}, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        f"redis-server {version} (private, 127.0.0.1); Python {platform.python_version()} "
+        f"on {platform.machine()}; {os.cpu_count()} CPUs",
+        ", ".join(names.get(dist, f"{dist} {dist_version(dist)}") for dist in dists),
+    ]
+    if quick:
+        lines.append("(--quick smoke run: short measurements, numbers are rough)")
+    return lines
 
 
 # -- statistics and tables ----------------------------------------------------

@@ -23,15 +23,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
-from itertools import pairwise
 from typing import Any
-
-import redis
 
 from tests.support.zookeeper_servers import (
     ZooKeeperEnsemble,
@@ -40,7 +34,7 @@ from tests.support.zookeeper_servers import (
     zookeeper_backend,
 )
 
-from . import support
+from . import lock_loops, support
 
 NAME = "bench:zookeeper"
 INSIDE = "bench:inside"
@@ -64,12 +58,7 @@ REDLOCK_BACKEND = "stock_locks.backends.redlock.RedLockBackend"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks zookeeper",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    parser = support.parser("zookeeper", __doc__)
     parser.add_argument("--seconds", type=float, help="a: measured seconds per contender (3)")
     parser.add_argument("--processes", type=int, default=4, help="b: contending processes (4)")
     parser.add_argument(
@@ -118,40 +107,10 @@ def make_lock(kind: str) -> Any:
     return Lock(NAME, TTL, backend=kind)
 
 
-def timed_cycles(lock: Any, seconds: float) -> tuple[float, bool]:
-    """Cycles per second for ``seconds``, and whether the fences strictly increased."""
-    acquire, release = lock.acquire, lock.release
-    cycles, last, rising = 0, 0, True
-    clock = time.perf_counter
-    start = clock()
-    end = start + seconds
-    while True:
-        for _ in range(BATCH):
-            if not acquire():
-                raise RuntimeError("an uncontended acquire was refused")
-            fence = lock.fence
-            rising &= fence > last
-            last = fence
-            release()
-        cycles += BATCH
-        now = clock()
-        if now >= end:
-            return cycles / (now - start), rising
-
-
 def uncontended(args: argparse.Namespace) -> list[str]:
     locks = {kind: make_lock(kind) for kind in KINDS}
-    support.progress("uncontended: warm-up")
-    for kind in KINDS:
-        timed_cycles(locks[kind], args.warmup)
-    rates: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    rising = dict.fromkeys(KINDS, True)
-    support.progress(f"uncontended: {args.segments} rounds of {len(KINDS)} contenders")
-    for r in range(args.segments):
-        for kind in support.rotated(KINDS, r):
-            rate, ok = timed_cycles(locks[kind], args.seconds / args.segments)
-            rates[kind].append(rate)
-            rising[kind] &= ok
+    stats = lock_loops.uncontended(locks, args.segments, args.seconds, args.warmup)
+    rates = {kind: stats[kind]["rates"] for kind in KINDS}
     rows = []
     for kind in KINDS:
         rate = support.median(rates[kind])
@@ -162,9 +121,9 @@ def uncontended(args: argparse.Namespace) -> list[str]:
                 f"{rate:,.0f}",
                 f"{min(rates[kind]):,.0f}-{max(rates[kind]):,.0f}",
                 f"{1e6 / rate:.0f}",
-                f"{support.median(paired(rates[kind], rates['lock1'])):.2f}x",
-                f"{support.median(paired(rates[kind], rates['redlock3'])):.2f}x",
-                "strictly increasing" if rising[kind] else "NOT INCREASING",
+                f"{lock_loops.same_round(rates[kind], rates['lock1']):.2f}x",
+                f"{lock_loops.same_round(rates[kind], rates['redlock3']):.2f}x",
+                "strictly increasing" if stats[kind]["rising"] else "NOT INCREASING",
             ]
         )
     return [
@@ -189,126 +148,20 @@ def uncontended(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def paired(a: list[float], b: list[float]) -> list[float]:
-    return [x / y for x, y in zip(a, b, strict=True) if y]
-
-
-def contended_worker(team, backends_setting, counter_url, plan, work_ms, outside_ms, warmup):
-    """One process of the contended test: every phase of ``plan`` in step with the
-    others; per phase its sections (acquire called, granted, fence) and counts."""
-    from stock_locks.exceptions import StockLocksError
-
-    support.configure_stock_locks(BACKENDS=backends_setting)
-    counter = redis.Redis.from_url(counter_url)
-    phases = []
-    for kind, seconds in plan:
-        lock = make_lock(kind)
-        team.sync()
-        if team.index == 0:
-            counter.flushall()
-        team.sync()
-        measure_from = time.monotonic() + warmup
-        stop = measure_from + seconds
-        samples, violations, errors = [], 0, 0
-        while time.monotonic() < stop:
-            t0 = time.monotonic()
-            try:
-                if not lock.acquire():
-                    raise RuntimeError(f"{kind}: a blocking acquire returned False")
-            except StockLocksError:
-                errors += 1
-                continue
-            t1 = time.monotonic()
-            if counter.incr(INSIDE) != 1:
-                violations += 1
-            support.busy(work_ms / 1000)
-            counter.decr(INSIDE)
-            fence = lock.fence
-            try:
-                lock.release()
-            except StockLocksError:
-                errors += 1
-            samples.append((t0, t1, fence))
-            time.sleep(outside_ms / 1000)
-        phases.append(
-            {"kind": kind, "measure_from": measure_from, "stop": stop, "samples": samples,
-             "violations": violations, "errors": errors}
-        )  # fmt: skip
-    counter.close()
-    return phases
-
-
 def contended(args: argparse.Namespace, backends_setting: dict, counter_url: str) -> list[str]:
-    per_phase = args.contended_seconds / args.rounds
-    plan = [(kind, per_phase) for r in range(args.rounds) for kind in support.rotated(KINDS, r)]
-    support.progress(f"contended: {args.processes} processes, {len(plan)} phases")
-    results = support.run_workers(
-        contended_worker, args.processes, backends_setting, counter_url, plan, args.work_ms,
-        args.outside_ms, args.warmup,
+    stats = lock_loops.contended(
+        KINDS, make_lock, processes=args.processes, seconds=args.contended_seconds,
+        rounds=args.rounds, warmup=args.warmup, counter_url=counter_url,
+        backends=backends_setting, work_ms=args.work_ms, outside_ms=args.outside_ms,
     )  # fmt: skip
-    stats = {
-        kind: {"rates": [], "waits": [], "violations": 0, "errors": 0, "fences": 0, "ok": True}
-        for kind in KINDS
-    }
-    for p, (kind, _) in enumerate(plan):
-        phase = [worker[p] for worker in results]
-        lo = max(w["measure_from"] for w in phase)
-        hi = min(w["stop"] for w in phase)
-        entry = stats[kind]
-        grants = []
-        in_window = 0
-        for w in phase:
-            entry["violations"] += w["violations"]
-            entry["errors"] += w["errors"]
-            for t0, t1, fence in w["samples"]:
-                grants.append((t1, fence))
-                in_window += lo <= t1 < hi
-                if lo <= t0 < hi:
-                    entry["waits"].append(t1 - t0)
-        grants.sort()
-        fences = [fence for _, fence in grants]
-        entry["fences"] += len(fences)
-        entry["ok"] &= all(a < b for a, b in pairwise(fences))
-        entry["rates"].append(in_window / (hi - lo))
-    rows = []
-    for kind in KINDS:
-        entry = stats[kind]
-        waits = entry["waits"]
-        rows.append(
-            [
-                f"{LABELS[kind]} ({HOW_THEY_WAIT[kind]})",
-                f"{support.median(entry['rates']):,.0f}",
-                f"{support.median(paired(entry['rates'], stats['lock1']['rates'])):.2f}x",
-                f"{support.percentile(waits, 50) * 1000:.2f}",
-                f"{support.percentile(waits, 99) * 1000:.2f}",
-                entry["violations"],
-                entry["errors"],
-                f"{entry['fences']:,} "
-                + ("strictly increasing" if entry["ok"] else "NOT INCREASING"),
-            ]
-        )
+    labels = {kind: f"{LABELS[kind]} ({HOW_THEY_WAIT[kind]})" for kind in KINDS}
     return [
-        f"b. Contended: {args.processes} processes on one lock name; inside each section "
-        f"{args.work_ms:g} ms busy work between INCR/DECR of the inside counter, "
-        f"{args.outside_ms:g} ms sleep outside; {args.rounds} interleaved round(s) x "
-        f"{per_phase:.2f} s (after {args.warmup:g} s warm-up) per contender; waits "
-        "(acquire() called to granted) pooled over rounds",
+        lock_loops.contended_intro("b", args, ""),
         "",
-        support.table(
-            [
-                "contender",
-                "sections/s",
-                "vs Lock*",
-                "wait p50 ms",
-                "wait p99 ms",
-                "violations",
-                "errors",
-                "fences in grant order",
-            ],
-            rows,
-        ),  # fmt: skip
+        *lock_loops.contended_table(stats, labels, "lock1", args.processes),
         "",
-        "* median over rounds of (sections/s / the Redis Lock's in the same round).",
+        "Targets:",
+        *lock_loops.exclusion_targets(stats, KINDS),
     ]
 
 
@@ -321,17 +174,21 @@ def main(argv: list[str]) -> str:
         support.setup_django(masters[0].url)
         setting = backends([s.url for s in masters], single.hosts, ensemble.hosts)
         zk_version = four_letters(single.port, b"srvr").splitlines()[0]
-        with support.configure_stock_locks(BACKENDS=setting):
+        override = support.configure_stock_locks(BACKENDS=setting)
+        try:
             lines = [
-                f"ZooKeeper lock beside the Redis Lock and RedLock x3, "
-                f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, Python {platform.python_version()}, "
-                f"kazoo {support.dist_version('kazoo')}, redis-py "
-                f"{support.dist_version('redis')}; {zk_version}",
+                *support.header(
+                    "ZooKeeper lock beside the Redis Lock and RedLock x3", masters[0],
+                    ("redis", "kazoo", "Django"), args.quick,
+                ),
+                zk_version,
                 "",
                 *uncontended(args),
                 "",
                 *contended(args, setting, counter.url),
                 "",
                 support.load_line(load),
-            ]
+            ]  # fmt: skip
+        finally:
+            override.disable()
     return "\n".join(lines)
