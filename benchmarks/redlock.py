@@ -490,6 +490,7 @@ def flash_sales(env: Env, args: argparse.Namespace) -> list[str]:
         flash_buyers=args.flash_buyers,
         flash_processes=args.flash_processes,
         flash_rounds=1,
+        flash_redis_rounds=1,
     )
     runs: dict[str, dict[int, Any]] = {side: {} for side in sides}
     failed: dict[str, str] = {}
@@ -575,7 +576,7 @@ def flash_sales(env: Env, args: argparse.Namespace) -> list[str]:
     measured = [side for side in sides if runs[side]]
     lines.append(
         f"  oversold 0, drift 0, stock conserved, no errors ({', '.join(measured) or 'none'}): "
-        + (support.verdict(True) if not bad else f"FAIL ({', '.join(bad)})")
+        + (support.verdict(bool(measured)) if not bad else f"FAIL ({', '.join(bad)})")
     )
     for side, why in failed.items():
         lines.append(f"  {side}: not measured, the run raised ({why})")
