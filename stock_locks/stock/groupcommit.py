@@ -55,7 +55,7 @@ log = logging.getLogger("stock_locks.stock")
 LEADS, NAME_HEAD = 1, 3
 # A reply list outlives its caller's wait by this much, then Redis drops it.
 REPLY_TTL_MS = 60_000
-ALONE = "alone"
+ALONE, TAKEN = "alone", "taken"
 
 
 @dataclass(frozen=True)
@@ -162,11 +162,30 @@ class GroupCommit:
                 int(pk), dt.datetime.fromisoformat(created), job.order_ref, job.lines,
                 job.strategy, retries, entry.expires_at, router.db_for_write(Reservation),
             )  # fmt: skip
+        if answer == TAKEN:
+            return self._written_alone_or_by_leader(job, write_alone, retries)
         return write_alone()
+
+    def _written_alone_or_by_leader(
+        self, job: Confirmation, write_alone: Callable[[], Reservation], retries: int
+    ) -> Reservation:
+        """A caller that stopped waiting after a leader took its entry writes its own.
+        If the leader's batch wrote it meanwhile (the unique order ref refuses a second
+        row, and the second write's decrement rolls back with it), that row is this
+        call's reservation: ``created``, as if the answer had come."""
+        try:
+            return write_alone()
+        except IntegrityError:
+            row = Reservation.objects.filter(order_ref=job.order_ref).first()
+            if row is None or row.status != Reservation.Status.RESERVED or row.lines != job.lines:
+                raise
+            row.created, row.retries = True, retries
+            return row
 
     def _await_answer(self, job: Confirmation, entry: bytes, deadline: float) -> str:
         """The caller's answer: ``ok <id> <created_at>``, ``lead <token>`` or ``alone``
-        (also when it stopped waiting, or Redis failed it)."""
+        (also when Redis failed it); ``taken`` when it stopped waiting after a leader
+        had taken its entry (its batch may have written it)."""
         key = self.keys.confirm_reply(job.order_ref)
         try:
             while (remaining := deadline - time.monotonic()) > 0:
@@ -178,13 +197,13 @@ class GroupCommit:
             # No answer in time: take the entry back, then read what may have come
             # meanwhile. A leader that popped it already may still write it; the
             # row's unique order ref lets one of the two writes win.
-            self.redis.lrem(self.keys.confirm_queue, 1, entry)
+            taken = not self.redis.lrem(self.keys.confirm_queue, 1, entry)
             message = self.redis.lpop(key)
         except REDIS_ERRORS as exc:
             log.info("group commit: no answer for %r (%s); it writes its own", job.order_ref, exc)
             return ALONE
         if message is None:
-            return ALONE
+            return TAKEN if taken else ALONE
         return message.decode() if isinstance(message, bytes) else message
 
     def _lead(self, message: str, job: Confirmation) -> str:
