@@ -51,23 +51,18 @@ def timed_cycles(lock: Any, seconds: float) -> tuple[float, float, bool]:
     (True for a lock without fences)."""
     acquire, release = lock.acquire, lock.release
     fenced = hasattr(lock, "fence")
-    cycles, last, rising = 0, -1, True
-    clock = time.perf_counter
-    cpu = time.process_time()
-    start = clock()
-    end = start + seconds
-    while True:
-        for _ in range(BATCH):
-            if not acquire():
-                raise RuntimeError("an uncontended acquire was refused")
-            if fenced:
-                rising &= lock.fence > last
-                last = lock.fence
-            release()
-        cycles += BATCH
-        now = clock()
-        if now >= end:
-            return cycles / (now - start), (time.process_time() - cpu) / cycles * 1e6, rising
+    fences = {"last": -1, "rising": True}
+
+    def cycle() -> None:
+        if not acquire():
+            raise RuntimeError("an uncontended acquire was refused")
+        if fenced:
+            fences["rising"] &= lock.fence > fences["last"]
+            fences["last"] = lock.fence
+        release()
+
+    rate, cpu = support.timed_calls(cycle, seconds, BATCH)
+    return rate, cpu, bool(fences["rising"])
 
 
 def uncontended(

@@ -54,7 +54,6 @@ HOT_STOCK = 10**9  # units: never runs out during a measurement
 REF_PREFIX = "bench-"  # order refs of the hot-SKU phases (and only those are deleted)
 FLASH_PREFIX = "BENCHSALE"  # SKU and order-ref prefix of the flash-sale runs
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/stock_locks_bench"
-BATCH = 50  # ceiling: calls between clock reads
 SEGMENT = 0.2  # seconds, one call's share of one ceiling round
 
 # Targets (printed PASS/FAIL, never asserted).
@@ -206,23 +205,6 @@ def reset_hot() -> None:
 # -- a. ceiling -------------------------------------------------------------------
 
 
-def timed_calls(call, seconds: float) -> tuple[float, float]:
-    """Calls per second of ``call()`` for ``seconds``, and this process's CPU per call
-    (user + system, so the socket calls count), in microseconds."""
-    calls = 0
-    clock = time.perf_counter
-    cpu = time.process_time()
-    start = clock()
-    end = start + seconds
-    while True:
-        for _ in range(BATCH):
-            call()
-        calls += BATCH
-        now = clock()
-        if now >= end:
-            return calls / (now - start), (time.process_time() - cpu) / calls * 1e6
-
-
 def ceiling_calls() -> tuple:
     """The client and the three single-connection calls on it, each with a fresh order
     ref where one is needed."""
@@ -269,7 +251,7 @@ def ceiling(args) -> tuple[list[str], dict]:
     names = list(calls)
     support.progress("ceiling: warm-up")
     for name in names:
-        timed_calls(calls[name], 0.2)
+        support.timed_calls(calls[name], 0.2)
     rates: dict[str, list[float]] = {name: [] for name in names}
     client_us: dict[str, list[float]] = {name: [] for name in names}
     server_us: dict[str, list[float]] = {name: [] for name in names}
@@ -277,7 +259,7 @@ def ceiling(args) -> tuple[list[str], dict]:
     for r in range(args.segments):
         for name in support.rotated(names, r):
             client.config_resetstat()
-            rate, cpu = timed_calls(calls[name], SEGMENT)
+            rate, cpu = support.timed_calls(calls[name], SEGMENT)
             evalsha = client.info("commandstats").get("cmdstat_evalsha", {})
             rates[name].append(rate)
             client_us[name].append(cpu)
