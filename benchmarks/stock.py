@@ -762,9 +762,9 @@ def targets(args, ceiling_result, hot_result, flash_result) -> list[str]:
             pairs = flash_result["paired"]("lua", baseline)
             r = support.median(pairs)
             lines.append(
-                f"  flash sale lua / {baseline} attempts/s = {r:.2f}x >= {target:g}x: "
+                f"  flash sale lua / {baseline} attempts/s = {r:.3f}x >= {target:g}x: "
                 f"{support.verdict(r >= target)}  (rounds: "
-                + ", ".join(f"{p:.2f}" for p in pairs)
+                + ", ".join(f"{p:.3f}" for p in pairs)
                 + ")"
             )
 

@@ -32,7 +32,7 @@ SETTINGS_MODULE = "demo_shop.settings"
 SYNC_TIMEOUT = 120.0  # seconds
 
 # What a spawned worker inherits from this process's environment.
-ENV_PASSED = ("DJANGO_SETTINGS_MODULE", "REDIS_URL", "DATABASE_URL")
+ENV_PASSED = ("DJANGO_SETTINGS_MODULE", "DJANGO_DEBUG", "REDIS_URL", "DATABASE_URL")
 
 _ctx = multiprocessing.get_context("spawn")
 
@@ -131,6 +131,9 @@ def setup_django(redis_url: str, database_url: str | None = None) -> None:
     database connection closed and reconfigured.
     """
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
+    # As a shop in production runs: without DEBUG, whose cursor records every query
+    # (the demo settings turn it on unless DJANGO_DEBUG=0).
+    os.environ.setdefault("DJANGO_DEBUG", "0")
     previous = os.environ.get("REDIS_URL")
     os.environ["REDIS_URL"] = redis_url
     previous_db = os.environ.get("DATABASE_URL")
