@@ -53,11 +53,9 @@ import redis
 from . import lock_loops, stock, support
 
 NAME = "bench:redlock"  # every contender locks this name (each library adds its own prefix)
-INSIDE = "bench:inside"  # b: processes inside a critical section right now (counter server)
 TTL = 30  # seconds, the lease of every contender
 MASTERS = 5  # independent masters started; RedLock x3 and pottery use the first 3
 CLUSTER_MASTERS = 3
-BATCH = 10  # cycles between clock reads in a timed run
 SEGMENT = 0.2  # seconds, one contender's share of one uncontended round
 
 UNCONTENDED = ("lock1", "redlock3", "redlock5", "pottery3", "redis-py")

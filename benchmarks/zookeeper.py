@@ -37,9 +37,7 @@ from tests.support.zookeeper_servers import (
 from . import lock_loops, support
 
 NAME = "bench:zookeeper"
-INSIDE = "bench:inside"
 TTL = 30  # seconds (a lease on Redis; on ZooKeeper only a waiter's safety-net sleep)
-BATCH = 10
 SEGMENT = 0.3  # seconds, one contender's share of one uncontended round
 KINDS = ("lock1", "redlock3", "zk1", "zk3")
 LABELS = {
