@@ -147,6 +147,24 @@ def test_a_batch_the_database_refuses_is_written_one_by_one():
     assert queued() == 0
 
 
+def buy_for_an_hour(
+    ref: str, cart: dict[str, int], wait: float, strategy: str
+) -> tuple[str, Any]:  # in a child
+    """Reserve ``cart`` held unpaid for an hour: ("sold", the expires_at it is told)."""
+    with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "GROUP_COMMIT_WAIT": wait}):
+        return "sold", get_strategy(strategy).reserve(ref, cart, ttl=3600).expires_at
+
+
+def test_a_batched_buyer_is_told_the_expiry_its_leader_wrote():
+    Item.objects.create(code="HOT", title="hot", on_hand=10)
+    children = buyers_behind_a_locked_row({"HOT": 1}, buyer=buy_for_an_hour)
+    told = {f"gc-{i}": child.result()[1] for i, child in enumerate(children)}
+    assert transactions() == [1, BUYERS - 1]
+    written = Reservation.objects.filter(order_ref__startswith="gc-")
+    assert told == dict(written.values_list("order_ref", "expires_at"))
+    assert None not in told.values()
+
+
 def buy_without_group_commit(
     ref: str, cart: dict[str, int], wait: float, strategy: str
 ) -> tuple[str, Any]:

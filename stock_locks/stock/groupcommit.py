@@ -73,9 +73,13 @@ class Confirmation:
 
     @property
     def expires_at(self) -> dt.datetime | None:
-        if self.ttl_ms is None or self.now_ms is None:
+        return self.due(self.now_ms)
+
+    def due(self, now_ms: int | None) -> dt.datetime | None:
+        """The reservation's ``expires_at`` had it been queued at ``now_ms``."""
+        if self.ttl_ms is None or now_ms is None:
             return None
-        return dt.datetime.fromtimestamp((self.now_ms + self.ttl_ms) / 1000, tz=dt.UTC)
+        return dt.datetime.fromtimestamp((now_ms + self.ttl_ms) / 1000, tz=dt.UTC)
 
     def encode(self) -> str:
         return json.dumps([self.order_ref, self.lines, self.strategy, self.ttl_ms])
@@ -83,8 +87,7 @@ class Confirmation:
     @classmethod
     def decode(cls, entry: bytes | str) -> Confirmation:
         """From a queue entry, ``"<deadline ms> <now ms> <encoded>"``."""
-        text = entry.decode() if isinstance(entry, bytes) else entry
-        _, now_ms, encoded = text.split(" ", 2)
+        _, now_ms, encoded = _text(entry).split(" ", 2)
         ref, lines, strategy, ttl_ms = json.loads(encoded)
         return cls(ref, lines, strategy, ttl_ms, int(now_ms))
 
@@ -95,6 +98,16 @@ class Confirmation:
             object.__setattr__(self, "token", secrets.token_hex(8))
         wait = _ms(float(settings.GROUP_COMMIT_WAIT))
         return [self.encode(), self.token, wait, wait]
+
+
+def _text(entry: bytes | str) -> str:
+    return entry.decode() if isinstance(entry, bytes) else entry
+
+
+def queued_ms(entry: bytes | str) -> int:
+    """The Redis clock, in ms, when queue entry ``entry`` was queued (the leader
+    derives the reservation's ``expires_at`` from it too)."""
+    return int(_text(entry).split(" ", 2)[1])
 
 
 def applies() -> bool:
@@ -152,7 +165,6 @@ class GroupCommit:
                 return write_alone()
             finally:
                 self._pass(job.token, None, {})
-        entry = Confirmation.decode(joined)
         answer = self._await_answer(job, joined, deadline)
         if answer.startswith("lead "):
             answer = self._lead(answer, job)
@@ -160,7 +172,7 @@ class GroupCommit:
             _, pk, created = answer.split(" ", 2)
             return recorded(
                 int(pk), dt.datetime.fromisoformat(created), job.order_ref, job.lines,
-                job.strategy, retries, entry.expires_at, router.db_for_write(Reservation),
+                job.strategy, retries, job.due(queued_ms(joined)), router.db_for_write(Reservation),
             )  # fmt: skip
         if answer == TAKEN:
             return self._written_alone_or_by_leader(job, write_alone, retries)
@@ -204,7 +216,7 @@ class GroupCommit:
             return ALONE
         if message is None:
             return TAKEN if taken else ALONE
-        return message.decode() if isinstance(message, bytes) else message
+        return _text(message)
 
     def _lead(self, message: str, job: Confirmation) -> str:
         """Lead the batch ``message`` brought (``lead <token>``, the entry then at the
