@@ -64,6 +64,19 @@ def test_a_refusal_is_answered_here_until_this_process_gives_units_back(redis_cl
     assert book.conserved and book.open == 1, book.summary()
 
 
+def test_warm_up_returns_with_the_listener_subscribed(redis_client):
+    """A worker warmed up before a sale remembers Redis's very first refusal."""
+    lua = get_strategy("lua")
+    lua.warm_up()
+    cache = soldout.cache_for(get_redis(), StockKeys().versions)
+    assert cache is not None and cache.ticket() is not None, "not listening after warm_up"
+    sell_out(cache)
+    scripts_run = reserve_calls(redis_client)
+    with pytest.raises(OutOfStock):
+        lua.reserve("late", {"HOT": 1})
+    assert reserve_calls(redis_client) == scripts_run, "the first refusal was not remembered"
+
+
 def test_a_cart_asking_what_is_left_still_goes_to_redis(redis_client):
     cache = listening()
     Item.objects.create(code="PAIR", title="pair", on_hand=3)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, connections, router, transaction
 
 from .. import metrics
 from ..connection import REDIS_OR_OS_ERRORS
@@ -77,6 +77,18 @@ class StockStrategy(ABC):
         ref, lines, ttl_ms = self.checked(order_ref, cart, ttl)
         with self.deciding(ref):
             return self.reserved(self.do_reserve(ref, lines, ttl_ms), ttl_ms)
+
+    def warm_up(self) -> None:
+        """Open what this strategy uses in this process now (its database connection,
+        its metrics; Redis and listeners for the strategies that use them), so that the
+        first reserve does not pay for it: e.g. in a worker just forked, before its
+        first request. Optional; raises what opening them raises."""
+        metrics.prepare()
+        connections[router.db_for_write(Reservation)].ensure_connection()
+        if self.uses_redis:
+            from ..connection import get_redis
+
+            get_redis().ping()
 
     def deciding(self, order_ref: str) -> Deciding:
         """Around a reserve's decision: record its refusal (metrics, ``stock_refused``)."""

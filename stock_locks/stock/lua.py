@@ -24,14 +24,34 @@ from . import groupcommit
 from .cart import Cart
 from .counters import REDIS_DOWN, RedisStockStrategy, stock_backend
 from .groupcommit import Confirmation
-from .soldout import cache_for
+from .soldout import SoldOutCache, cache_for
 
 # stock_reserve.lua's reply codes
 SHORT, RESERVED, ALREADY_RESERVED, NOT_LOADED, DATA_LOST = 0, 1, 2, 3, 4
 MAX_LOADS = 3
+LISTENER_WARM_UP = 2.0  # seconds warm_up waits for the sold-out listener
 
 
 class LuaStrategy(RedisStockStrategy):
+    def warm_up(self) -> None:
+        """(Also starts this process's sold-out listener and waits, at most
+        ``LISTENER_WARM_UP`` seconds, until it listens.)"""
+        super().warm_up()
+        if (sold_out := cache_for(self.redis, self.keys.versions)) is not None:
+            sold_out.wait_listening(LISTENER_WARM_UP)
+
+    def do_reserve(self, order_ref: str, lines: Cart, ttl_ms: int | None) -> Reservation:
+        self._known_short(lines)  # most attempts of a sale end here
+        return super().do_reserve(order_ref, lines, ttl_ms)
+
+    def _known_short(self, lines: Cart) -> SoldOutCache | None:
+        """This process's sold-out cache (None when disabled); raises OutOfStock when
+        it knows a line asks more than is left."""
+        sold_out = cache_for(self.redis, self.keys.versions)
+        if sold_out is not None and (short := sold_out.short_line(lines)):
+            raise OutOfStock(*short)
+        return sold_out
+
     def reserve_in_redis(
         self, order_ref: str, lines: Cart, job: Confirmation | None = None
     ) -> tuple[bool, int, int, Any]:
@@ -53,11 +73,8 @@ class LuaStrategy(RedisStockStrategy):
             k.confirm_leader, *map(k.counter, skus),
         ]  # fmt: skip
         argv: list[Any] = [order_ref, *lines.values(), *skus]
-        sold_out = cache_for(self.redis, k.versions)
         for _ in range(MAX_LOADS):
-            if sold_out is not None:
-                if short := sold_out.short_line(lines):
-                    raise OutOfStock(*short)
+            if (sold_out := self._known_short(lines)) is not None:
                 ticket = sold_out.ticket()
             join = job.join_args() if job is not None and groupcommit.applies() else []
             reply = yield Eval(scripts.STOCK_RESERVE, keys, [*argv, *join])
@@ -89,6 +106,7 @@ class LuaStrategy(RedisStockStrategy):
 
         try:
             with self.deciding(ref):
+                self._known_short(lines)
                 took, now_ms, retries, _ = await arun(
                     self._reserve_steps(ref, lines), transport_for(stock_backend()).perform
                 )

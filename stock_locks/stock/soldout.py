@@ -72,6 +72,7 @@ class SoldOutCache:
         self._latest: dict[str, int] = {}  # sku -> version of its last announcement
         self._epoch = 0  # bumped by each subscription
         self._subscribed = False
+        self._listening = threading.Event()
         self._closed = threading.Event()
         self._thread = threading.Thread(
             target=self._listen, name="stock_locks-soldout", daemon=True
@@ -109,6 +110,11 @@ class SoldOutCache:
                 return sku, qty, entry[0]
         return None
 
+    def wait_listening(self, timeout: float) -> bool:
+        """Block until the listener is subscribed (refusals are remembered from then
+        on), at most ``timeout`` seconds; whether it is."""
+        return self._listening.wait(timeout)
+
     def forget(self, skus: Iterable[str]) -> None:
         """Units of ``skus`` came back through this process: stop answering for them."""
         with self._lock:
@@ -128,6 +134,10 @@ class SoldOutCache:
             self._latest.clear()
             self._epoch += 1
             self._subscribed = subscribed
+        if subscribed:
+            self._listening.set()
+        else:
+            self._listening.clear()
 
     def _announced(self, data: bytes) -> None:
         version_text, _, sku_bytes = data.partition(b" ")
