@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .conf import settings
+from .signals import lock_lost, stock_refused
 
 log = logging.getLogger("stock_locks.metrics")
 
@@ -126,8 +127,6 @@ def lock_acquired(primitive: str, backend: str, outcome: str, seconds: float) ->
 
 def lease_lost(primitive: str, backend: str, name: str) -> None:
     """A holder found its lease gone; sends ``lock_lost``."""
-    from .signals import lock_lost
-
     if _enabled():
         _count("leases_lost", (primitive, backend))
     lock_lost.send(sender=None, primitive=primitive, backend=backend, name=name)
@@ -149,8 +148,6 @@ def reserved(strategy: str, created: bool, retries: int) -> None:
 
 def refused(strategy: str, order_ref: str, sku: str, requested: int, available: int) -> None:
     """A reserve was refused for lack of stock; sends ``stock_refused``."""
-    from .signals import stock_refused  # (after Django's apps: signals imports models)
-
     if _enabled():
         _count("refusals", (strategy,), field=f"refusals:{strategy}")
     if stock_refused.receivers:

@@ -54,6 +54,7 @@ def normalize_cart(cart: Any) -> Cart:
             f"the cart has {len(cart)} lines; at most {settings.MAX_CART_LINES} are allowed"
         )
     limit = settings.MAX_LINE_QUANTITY
+    lines: Cart = {}
     for sku, qty in cart.items():
         check_text(sku, "a SKU", MAX_SKU)
         if isinstance(qty, bool) or not isinstance(qty, int):
@@ -64,7 +65,8 @@ def normalize_cart(cart: Any) -> Cart:
             raise InvalidQuantity(
                 f"the quantity of {sku!r} must be between 1 and {limit}, got {qty}", sku=sku
             )
-    return dict(sorted(cart.items()))
+        lines[sku] = qty
+    return lines if len(lines) == 1 else dict(sorted(lines.items()))
 
 
 def check_order_ref(order_ref: Any) -> str:
