@@ -61,12 +61,12 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured, ValidationError
-from django.db import IntegrityError, connections, models, router, transaction
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models.fields import NOT_PROVIDED, AutoFieldMixin
 from django.dispatch import Signal
 from redis.exceptions import RedisError
 
-from . import metrics, scripts
+from . import scripts
 from .conf import settings
 from .connection import decoded, get_redis
 from .exceptions import OutOfStock, StockLocksError
@@ -419,6 +419,9 @@ class StressRun:
                 raise
         self._has_counters = isinstance(chosen, RedisStockStrategy)
         if isinstance(chosen, RedisStockStrategy):
+            # As a deploy readies Redis (sync_counters): a Redis that lost its data (the
+            # benchmarks flush it) is restored now, not by the first buyers on the clock.
+            chosen.restore_after_data_loss()
             chosen.load_counters(self.skus)  # SET NX from the database: a live counter stays
         self.initial = self.stock.levels(self.skus)
 
@@ -428,7 +431,10 @@ class StressRun:
         config = self.config
         connections.close_all()  # forked workers must open their own
         ctx = multiprocessing.get_context("fork")
-        start, stop, done, results = ctx.Event(), ctx.Event(), ctx.Value("i", 0), ctx.Queue()
+        start, results = ctx.Event(), ctx.Queue()
+        # Read by every buyer at every attempt: plain shared memory, no lock (an Event's
+        # or a locked Value's is one lock the buyers would queue on).
+        stop, done = ctx.RawValue("b", 0), ctx.RawArray("q", config.processes)
         ready = ctx.Semaphore(0)
         share, extra = divmod(config.buyers, config.processes)
         workers = [
@@ -468,7 +474,7 @@ class StressRun:
                 except queue.Empty:
                     if not any(w.is_alive() for w in workers) and results.empty():
                         break
-                _draw(progress, self.strategy, done.value, config.buyers)
+                _draw(progress, self.strategy, sum(done), config.buyers)
             seconds = time.perf_counter() - began
             _draw(progress, self.strategy, config.buyers, config.buyers, end=True)
         except BaseException:
@@ -756,7 +762,7 @@ def _interrupts_deferred(notify: Callable[[str], None]) -> Iterator[list[int]]:
 
 def _stop(workers: list, start: Any, stop: Any) -> None:
     """Stop the workers after their current attempt; terminate any that do not."""
-    stop.set()
+    stop.value = 1
     start.set()  # workers still waiting to start see the stop at once
     deadline = time.monotonic() + STOP_GRACE
     for worker in workers:
@@ -772,7 +778,7 @@ def _worker(
     index, attempts, config, strategy, skus, run_id, ready, start, stop, done, results
 ) -> None:
     # A terminal's Ctrl-C reaches every process of the group: the parent stops the
-    # workers after their attempt (the stop event) and cleans up.
+    # workers after their attempt (the stop flag) and cleans up.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     rng = random.Random(config.seed * 1000 + index)
@@ -784,16 +790,18 @@ def _worker(
     _connect(strategy, config)
     ready.release()
     start.wait()
+    every_sku = len(skus) == config.cart_size  # the same cart each time (a flash sale's)
     for n in range(attempts):
-        if stop.is_set():
+        if stop.value:
             break
-        cart = {sku: config.qty for sku in sorted(rng.sample(skus, config.cart_size))}
+        chosen = skus if every_sku else sorted(rng.sample(skus, config.cart_size))
+        cart = {sku: config.qty for sku in chosen}
         began = time.perf_counter()
         try:
             outcome, retries = buy(f"{run_id}-{index}-{n}", cart, strategy)
         except _StrategyNotAccepted as exc:
             fatal = str(exc)
-            stop.set()
+            stop.value = 1
             break
         except Exception as exc:  # every failure is counted and sampled, never fatal
             outcome, retries = "errors", 0
@@ -803,21 +811,17 @@ def _worker(
         tally[outcome] += 1
         tally["retries"] += retries
         if n % PROGRESS_EVERY == PROGRESS_EVERY - 1:
-            with done.get_lock():
-                done.value += PROGRESS_EVERY
+            done[index] = n + 1
     results.put({"tally": dict(tally), "latencies": latencies, "samples": samples, "fatal": fatal})
 
 
 def _connect(strategy: str, config: StressConfig) -> None:
-    """Open this buyer's connections and make its metrics before the start (a failure
-    shows in its attempts)."""
+    """Open this buyer's connections before the start, as a web worker has them before
+    a sale (a failure shows in its attempts)."""
     if config.via == "http":
         return
-    metrics.prepare()
     with contextlib.suppress(Exception):
-        connections[router.db_for_write(Reservation)].ensure_connection()
-        if get_strategy(strategy).uses_redis:
-            get_redis().ping()
+        get_strategy(strategy).warm_up()
 
 
 def _orm_buyer(strategy_name: str):
