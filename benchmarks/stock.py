@@ -112,7 +112,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--flash-redis-rounds",
         type=int,
-        help="flash sale rounds of lua, its variants and the bare decrement (3; quick 1)",
+        help="flash sale rounds of lua, its variants and the bare decrement (7; quick 1)",
     )
     args = parser.parse_args(argv)
     quick = args.quick
@@ -130,7 +130,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.flash_buyers = args.flash_buyers or (2000 if quick else 10000)
     args.flash_processes = args.flash_processes or (8 if quick else 16)
     args.flash_rounds = args.flash_rounds or 1
-    args.flash_redis_rounds = max(args.flash_rounds, args.flash_redis_rounds or (1 if quick else 3))
+    args.flash_redis_rounds = max(args.flash_rounds, args.flash_redis_rounds or (1 if quick else 7))
     args.parts = {part.strip() for part in args.parts.split(",") if part.strip()}
     unknown = args.parts - {"ceiling", "hot", "flash"}
     if unknown:
