@@ -39,7 +39,7 @@ from . import groupcommit
 from .base import StockStrategy
 from .cart import Cart
 from .groupcommit import Confirmation, GroupCommit
-from .ledger import existing_reservation, repeat_of
+from .ledger import existing_reservation, held_for, repeat_of
 from .soldout import units_back
 
 log = logging.getLogger("stock_locks.stock")
@@ -138,10 +138,7 @@ class RedisStockStrategy(StockStrategy):
 
     def _duplicate(self, order_ref: str, lines: Cart, took: bool) -> Reservation:
         """The database already has ``order_ref``: that row wins."""
-        row = Reservation.objects.filter(order_ref=order_ref).first()
-        if took and (
-            row is None or row.status != Reservation.Status.RESERVED or row.lines != lines
-        ):
+        if took and held_for(order_ref, lines) is None:
             self.undo_in_redis(order_ref, lines)  # this call's take stands for nothing
         return existing_reservation(order_ref, lines)
 

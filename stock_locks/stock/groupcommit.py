@@ -47,6 +47,7 @@ from ..keys import StockKeys
 from ..models import Reservation
 from ..wakeup import wait_for_item
 from .cart import Cart
+from .ledger import held_for
 from .table import StockModel, recorded
 
 log = logging.getLogger("stock_locks.stock")
@@ -188,8 +189,8 @@ class GroupCommit:
         try:
             return write_alone()
         except IntegrityError:
-            row = Reservation.objects.filter(order_ref=job.order_ref).first()
-            if row is None or row.status != Reservation.Status.RESERVED or row.lines != job.lines:
+            row = held_for(job.order_ref, job.lines)
+            if row is None:
                 raise
             row.created, row.retries = True, retries
             return row

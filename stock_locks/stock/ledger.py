@@ -61,6 +61,14 @@ def repeat_of(order_ref: str, lines: Cart) -> Reservation | None:
     return reservation
 
 
+def held_for(order_ref: str, lines: Cart) -> Reservation | None:
+    """The row of ``order_ref`` if it holds exactly ``lines`` now (RESERVED), else None."""
+    row = Reservation.objects.filter(order_ref=order_ref).first()
+    if row is None or row.status != Reservation.Status.RESERVED or row.lines != lines:
+        return None
+    return row
+
+
 def existing_reservation(order_ref: str, lines: Cart) -> Reservation:
     """Like :func:`repeat_of`, but a missing row means another request is still writing
     it: :class:`ReservationError` ("in flight")."""

@@ -24,7 +24,7 @@ from . import groupcommit
 from .cart import Cart
 from .counters import REDIS_DOWN, RedisStockStrategy, stock_backend
 from .groupcommit import Confirmation
-from .soldout import SoldOutCache, cache_for
+from .soldout import cache_for
 
 # stock_reserve.lua's reply codes
 SHORT, RESERVED, ALREADY_RESERVED, NOT_LOADED, DATA_LOST = 0, 1, 2, 3, 4
@@ -44,18 +44,18 @@ class LuaStrategy(RedisStockStrategy):
         self._known_short(lines)  # most attempts of a sale end here
         return super().do_reserve(order_ref, lines, ttl_ms)
 
-    def _known_short(self, lines: Cart) -> SoldOutCache | None:
-        """This process's sold-out cache (None when disabled); raises OutOfStock when
-        it knows a line asks more than is left."""
+    def _known_short(self, lines: Cart) -> None:
+        """OutOfStock when this process knows a line asks more than is left."""
         sold_out = cache_for(self.redis, self.keys.versions)
         if sold_out is not None and (short := sold_out.short_line(lines)):
             raise OutOfStock(*short)
-        return sold_out
 
     def reserve_in_redis(
         self, order_ref: str, lines: Cart, job: Confirmation | None = None
     ) -> tuple[bool, int, int, Any]:
-        """(The script joins the group commit for ``job`` in the same round trip.)"""
+        """(The script joins the group commit for ``job`` in the same round trip. A
+        refusal this process already knows is answered before, by ``do_reserve`` and
+        ``areserve``; this asks Redis.)"""
         return run(self._reserve_steps(order_ref, lines, job), self._perform)
 
     def _perform(self, request: Any) -> Any:
@@ -73,9 +73,9 @@ class LuaStrategy(RedisStockStrategy):
             k.confirm_leader, *map(k.counter, skus),
         ]  # fmt: skip
         argv: list[Any] = [order_ref, *lines.values(), *skus]
+        sold_out = cache_for(self.redis, k.versions)
         for _ in range(MAX_LOADS):
-            if (sold_out := self._known_short(lines)) is not None:
-                ticket = sold_out.ticket()
+            ticket = sold_out.ticket() if sold_out is not None else None
             join = job.join_args() if job is not None and groupcommit.applies() else []
             reply = yield Eval(scripts.STOCK_RESERVE, keys, [*argv, *join])
             code = reply[0]

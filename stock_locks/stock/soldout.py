@@ -71,8 +71,7 @@ class SoldOutCache:
         self._entries: dict[str, tuple[int, int, float]] = {}  # sku -> (avail, version, until)
         self._latest: dict[str, int] = {}  # sku -> version of its last announcement
         self._epoch = 0  # bumped by each subscription
-        self._subscribed = False
-        self._listening = threading.Event()
+        self._listening = threading.Event()  # set while subscribed
         self._closed = threading.Event()
         self._thread = threading.Thread(
             target=self._listen, name="stock_locks-soldout", daemon=True
@@ -83,7 +82,7 @@ class SoldOutCache:
 
     def ticket(self) -> int | None:
         """Taken before a reserve is sent: None while no subscription is live."""
-        return self._epoch if self._subscribed else None
+        return self._epoch if self._listening.is_set() else None
 
     def refused(self, ticket: int | None, sku: str, avail: int, version: int) -> None:
         """Redis refused ``sku`` with ``avail`` left at move ``version``: remember it,
@@ -92,7 +91,7 @@ class SoldOutCache:
         if ticket is None:
             return
         with self._lock:
-            if ticket != self._epoch or not self._subscribed:
+            if ticket != self._epoch or not self._listening.is_set():
                 return
             if self._latest.get(sku, -1) > version:
                 return
@@ -133,11 +132,10 @@ class SoldOutCache:
             self._entries.clear()
             self._latest.clear()
             self._epoch += 1
-            self._subscribed = subscribed
-        if subscribed:
-            self._listening.set()
-        else:
-            self._listening.clear()
+            if subscribed:
+                self._listening.set()
+            else:
+                self._listening.clear()
 
     def _announced(self, data: bytes) -> None:
         version_text, _, sku_bytes = data.partition(b" ")
