@@ -521,8 +521,8 @@ def flash(args) -> tuple[list[str], dict]:
         fields={"name": "Flash sale"},
     )
     # The hot part's last phase leaves its reservations open: each run here starts on
-    # an emptied Redis, whose first buyer would give them all their records back
-    # (restore_after_data_loss) while the others wait, inside the measured time.
+    # an emptied Redis, whose preparation would give them all their records back
+    # (restore_after_data_loss, one MULTI of ~11k commands) before every run.
     Reservation.objects.filter(order_ref__startswith=REF_PREFIX).delete()
     names = list(args.strategies)
     if "lua" in names:
@@ -660,15 +660,17 @@ def bare_flash(config):
     client.set(key, config.stock)
     sha = client.script_load(BARE_DECREMENT)
     ctx = multiprocessing.get_context("fork")
-    start, results = ctx.Event(), ctx.Queue()
+    start, ready, results = ctx.Event(), ctx.Semaphore(0), ctx.Queue()
     share, extra = divmod(config.buyers, config.processes)
     workers = [
-        ctx.Process(target=_bare_buyer, args=(sha, key, share + (i < extra), start, results))
+        ctx.Process(target=_bare_buyer, args=(sha, key, share + (i < extra), ready, start, results))
         for i in range(config.processes)
     ]
     for worker in workers:
         worker.start()
-    time.sleep(0.5)  # let them connect: their first round trip is not the sale's
+    for _ in workers:  # connected, as run_stress's buyers are before its clock starts
+        if not ready.acquire(timeout=support.SYNC_TIMEOUT):
+            raise RuntimeError("a bare-decrement buyer did not connect")
     began = time.perf_counter()
     start.set()
     outcomes = [results.get(timeout=300) for _ in workers]
@@ -689,11 +691,12 @@ def bare_flash(config):
     )  # fmt: skip
 
 
-def _bare_buyer(sha, key, attempts, start, results) -> None:  # forked
+def _bare_buyer(sha, key, attempts, ready, start, results) -> None:  # forked
     from stock_locks.connection import get_redis
 
     client = get_redis()
     client.ping()
+    ready.release()
     start.wait()
     sold, latencies = 0, array("d")
     for _ in range(attempts):
