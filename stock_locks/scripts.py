@@ -17,9 +17,10 @@ from typing import Any
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-# A line "-- include <file>.lua" is replaced by that file of lua/ when loading, so
-# Lua shared by several scripts is written once; each script stays one EVALSHA.
-_INCLUDE = re.compile(rb"^-- include (\w+\.lua)\n", re.MULTILINE)
+# A line "-- include <path>.lua" (a path under lua/, such as lib/now.lua) is replaced
+# by that file when loading, so Lua shared by several scripts is written once; each
+# script stays one EVALSHA. An included file's own include lines are not expanded.
+_INCLUDE = re.compile(rb"^-- include ((?:\w+/)*\w+\.lua)\n", re.MULTILINE)
 
 
 def _read(filename: str) -> bytes:

@@ -34,8 +34,7 @@ local function hmget(key, ids)
   return out
 end
 
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+-- include lib/now.lua
 local limit = tonumber(ARGV[1])
 local max_deliveries = tonumber(ARGV[3])
 

@@ -9,8 +9,7 @@
 if redis.call('ZREM', KEYS[4], ARGV[1]) == 0 then
   return 0
 end
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+-- include lib/now.lua
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 -- No entry: the first delivery (see delay_claim.lua). Written now, for retries and dead letters.
 local deliveries = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or 1)

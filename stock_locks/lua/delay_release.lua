@@ -10,8 +10,7 @@
 -- alone, so a repeat (a lost reply) or a late call changes nothing. The
 -- delivery is not counted: the item was never handed to a handler. A blocked
 -- runner is woken. Returns how many items went back.
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+-- include lib/now.lua
 local released = 0
 for i = 1, #ARGV, 3 do
   local id = ARGV[i]

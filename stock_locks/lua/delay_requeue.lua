@@ -6,7 +6,7 @@
 if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then
   return 0
 end
-local t = redis.call('TIME')
+-- include lib/now.lua
 redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('ZADD', KEYS[1], t[1] * 1000 + math.floor(t[2] / 1000), ARGV[1])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
 return 1

@@ -11,8 +11,7 @@
 -- second copy. When the item becomes the earliest due, the signal list gets
 -- one element so that a blocked runner recomputes its wake-up time.
 -- Returns the due time in epoch ms.
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+-- include lib/now.lua
 local due = now + tonumber(ARGV[3])
 if ARGV[4] ~= '' then
   due = tonumber(ARGV[4])

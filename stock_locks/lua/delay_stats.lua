@@ -3,8 +3,7 @@
 -- KEYS[1] due zset   KEYS[2] in-flight zset   KEYS[3] dead zset
 -- Returns {now ms, due now, scheduled, in flight, dead, next due ms or -1,
 --          next visibility deadline ms or -1}.
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+-- include lib/now.lua
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local flight = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 return {

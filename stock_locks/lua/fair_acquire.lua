@@ -40,8 +40,7 @@
 -- wake-up (the lease end that would free its permit, or the lapse of the place
 -- just ahead of it), cut to ARGV[4].
 -- Returns {0, 0, -1, 0} when refused on a last try; the caller is not queued.
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+-- include lib/now.lua
 local holders, meta, queue, alive, tickets, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local gone = KEYS[7]
 local id, limit, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -51,7 +50,7 @@ if tonumber(redis.call('ZSCORE', gone, id) or 0) > now then
   return {2}
 end
 
--- include _fair_queue.lua
+-- include lib/fair_queue.lua
 
 -- Every key lives until the last lease ends or the last place lapses, so an
 -- abandoned semaphore vanishes by itself. The ticket counter lives as long as

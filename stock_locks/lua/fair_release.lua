@@ -22,33 +22,15 @@
 -- that returned 1. Returns 0 when it held none, or its lease had already ended
 -- on the Redis clock (its permit was already free to others); its entry and
 -- metadata are removed all the same.
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+-- include lib/now.lua
 local holders, meta, queue, alive, tickets, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local gone = KEYS[7]
 local id, limit, grace = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local memory, abandon = tonumber(ARGV[4]), ARGV[5] == 'abandon'
 
-local function remember()
-  if not gone then
-    return
-  end
-  local memory = tonumber(ARGV[4])
-  redis.call('ZADD', gone, now + memory, id)
-  if redis.call('PTTL', gone) < memory then
-    redis.call('PEXPIRE', gone, memory)
-  end
-end
+-- include lib/fair_queue.lua
 
--- include _fair_queue.lua
-
-local repeated = false
-if gone then
-  redis.call('ZREMRANGEBYSCORE', gone, '-inf', now)
-  repeated = redis.call('ZSCORE', gone, id) ~= false
-end
-if ARGV[5] == 'abandon' then
-  remember()
-end
+-- include lib/given_back.lua
 
 local lease_end = redis.call('ZSCORE', holders, id)
 if lease_end then

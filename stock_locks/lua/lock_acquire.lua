@@ -36,8 +36,7 @@
 -- counter is missing: RedLock's masters then agree on the fence of a grant, and
 -- its client usually needs no second round trip to make them agree (lock_fence.lua
 -- when they disagree; backends/redlock.py).
-local now = redis.call('TIME')
-local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+-- include lib/now.lua
 if ARGV[3] == '0' and redis.call('LPOS', KEYS[5], ARGV[1]) then
   return {3}
 end
@@ -48,7 +47,7 @@ if not record then
   end
   -- Free: a fresh grant. The fence comes first, so that the grant is one SET of the
   -- whole record (a refused try never touches the counter).
-  local fence = now[1] .. string.format('%06d', now[2])
+  local fence = string.format('%d', now_us)
   if ARGV[7] == 'counter' then
     local last = redis.call('GET', KEYS[2])
     if last then
@@ -64,15 +63,15 @@ if not record then
     end
   end
   redis.call('SET', KEYS[1],
-    ARGV[1] .. '\n' .. fence .. '\n1\n' .. ARGV[2] .. '\n' .. now_ms .. '\n' .. ARGV[5],
+    ARGV[1] .. '\n' .. fence .. '\n1\n' .. ARGV[2] .. '\n' .. now .. '\n' .. ARGV[5],
     'PX', ARGV[2])
   if ARGV[4] == '1' then
     redis.call('SET', KEYS[3], 1, 'PX', ARGV[2])
   end
-  redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[2]), KEYS[1])
-  if now[2] % 64 == 0 then
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), KEYS[1])
+  if now_us % 64 == 0 then  -- (as TIME's microsecond field % 64: 64 divides 10^6)
     -- Now and then, drop the entries of leases that ended without a release.
-    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_ms)
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
   end
   return {1, tonumber(fence), 1}
 end
@@ -82,13 +81,13 @@ if (cut and string.sub(record, 1, cut - 1) or record) == ARGV[1] then
   local fence, _, rest = string.match(record, '^[^\n]*\n([^\n]*)\n([^\n]*)\n(.*)$')
   if not fence then  -- a record without the holder's fields
     fence = redis.call('GET', KEYS[2]) or '0'
-    rest = ARGV[2] .. '\n' .. now_ms .. '\n' .. ARGV[5]
+    rest = ARGV[2] .. '\n' .. now .. '\n' .. ARGV[5]
   end
   local count = tonumber(ARGV[3]) + 1
   redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. fence .. '\n' .. count .. '\n' .. rest,
     'PX', ARGV[2])
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
-  redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[2]), KEYS[1])
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), KEYS[1])
   return {1, tonumber(fence), count}
 end
 if ARGV[3] ~= '0' then

@@ -15,14 +15,13 @@ local cut = record and string.find(record, '\n', 1, true)
 if not record or (cut and string.sub(record, 1, cut - 1) or record) ~= ARGV[1] then
   return 0
 end
-local now = redis.call('TIME')
-local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+-- include lib/now.lua
 local lease = tonumber(ARGV[2])
 local result = 1
 if ARGV[3] and ARGV[3] ~= '0' then
   local granted = tonumber(string.match(record, '^[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n([^\n]*)'))
   if granted then
-    local left = granted + tonumber(ARGV[3]) - now_ms
+    local left = granted + tonumber(ARGV[3]) - now
     if left <= 0 then
       return 2
     end
@@ -34,5 +33,5 @@ if ARGV[3] and ARGV[3] ~= '0' then
 end
 redis.call('PEXPIRE', KEYS[1], lease)
 redis.call('PEXPIRE', KEYS[2], lease)
-redis.call('ZADD', KEYS[3], now_ms + lease, KEYS[1])
+redis.call('ZADD', KEYS[3], now + lease, KEYS[1])
 return result

@@ -6,10 +6,11 @@
 --
 -- The second is the Redis server's (TIME), so every process's figures fall in
 -- the same buckets whatever their hosts' clocks say. Returns that second.
-local second = redis.call('TIME')[1]
+-- include lib/now.lua
+local second = math.floor(now / 1000)
 local bucket = KEYS[1] .. ':' .. second
 for i = 2, #ARGV - 1, 2 do
   redis.call('HINCRBY', bucket, ARGV[i], ARGV[i + 1])
 end
 redis.call('EXPIRE', bucket, ARGV[1])
-return tonumber(second)
+return second

@@ -19,8 +19,7 @@
 -- permit ends, the longest a waiter must sleep if no release wakes it, cut to
 -- ARGV[4]. A caller that will wait marks 'waiting' until then, so that every
 -- release meanwhile pushes a wake-up.
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+-- include lib/now.lua
 local id, limit, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local patience = tonumber(ARGV[4])
 

@@ -8,8 +8,7 @@
 -- Returns 1 when renewed. Returns 0 when the id holds no permit or its lease has
 -- ended on the Redis clock, even if no acquire has removed it yet: from then on
 -- its permit was free to others, so renewing it could let limit + 1 in.
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+-- include lib/now.lua
 
 local lease_end = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not lease_end or tonumber(lease_end) <= now then

@@ -7,8 +7,7 @@
 -- Returns {now ms, limit or nil, queue length, {id, ms left, metadata, ...}}
 -- with only the holders whose lease has not ended, soonest lease end first.
 -- Changes nothing.
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+-- include lib/now.lua
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
 local holders = {}
 for i = 1, #live, 2 do

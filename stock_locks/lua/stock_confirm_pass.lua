@@ -22,10 +22,9 @@ end
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return {-1}
 end
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+-- include lib/now.lua
 local head = redis.call('LINDEX', KEYS[1], 0)
-while head and tonumber(string.match(head, '^%d+')) <= now_ms do
+while head and tonumber(string.match(head, '^%d+')) <= now do
   redis.call('LPOP', KEYS[1])
   head = redis.call('LINDEX', KEYS[1], 0)
 end

@@ -5,7 +5,7 @@
 -- KEYS[3] the "loaded" marker: missing when Redis lost its data since the counters
 --         were built from the database
 -- KEYS[4] move versions (hash sku -> version, bumped on every move of its counter)
--- KEYS[5], KEYS[6] the group commit's queue and leader (see _confirm_join.lua)
+-- KEYS[5], KEYS[6] the group commit's queue and leader (see lib/confirm_join.lua)
 -- KEYS[7..n+6] the available-stock counter of each line
 -- ARGV[1] order ref
 -- ARGV[2..n+1] quantity of each line     ARGV[n+2..2n+1] SKU of each line
@@ -22,14 +22,13 @@
 --         {3, i, ...}       the counters of lines i, ... are not loaded: nothing moved
 --         {4}               Redis lost its data (no marker): nothing moved
 -- (now_ms is the Redis clock, for the reservation's due time.)
--- include _confirm_join.lua
+-- include lib/confirm_join.lua
 if redis.call('EXISTS', KEYS[3]) == 0 then
   return {4}
 end
-local now = redis.call('TIME')
-local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+-- include lib/now.lua
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {2, now_ms}
+  return {2, now}
 end
 local n = #KEYS - 6
 local missing = {3}
@@ -52,10 +51,10 @@ for i = 1, n do
   redis.call('HINCRBY', KEYS[4], ARGV[n + i + 1], 1)
 end
 redis.call('HSET', KEYS[1], unpack(record))
-redis.call('ZADD', KEYS[2], now_ms, ARGV[1])
+redis.call('ZADD', KEYS[2], now, ARGV[1])
 local job = ARGV[2 * n + 2]
 if job then
-  return {1, now_ms, confirm_join(KEYS[5], KEYS[6], job, ARGV[2 * n + 3], ARGV[2 * n + 4],
-                                  ARGV[2 * n + 5], now_ms)}
+  return {1, now, confirm_join(KEYS[5], KEYS[6], job, ARGV[2 * n + 3], ARGV[2 * n + 4],
+                               ARGV[2 * n + 5], now)}
 end
-return {1, now_ms}
+return {1, now}

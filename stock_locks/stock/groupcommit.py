@@ -5,7 +5,7 @@ In a flash sale every yes of the reserve script must reach the database (the
 reservation row and the guarded decrement of the SKU's row) before the buyer
 hears it. Written one transaction each, the yeses queue on the hot row's lock
 and pass it on one commit at a time. Instead each yes is queued in Redis
-(``_confirm_join.lua``: inside the ``lua`` strategy's reserve script, in a
+(``lib/confirm_join.lua``: inside the ``lua`` strategy's reserve script, in a
 script of its own for ``watch``); a caller that finds no one leading leads: it
 writes its own reservation alone, as without this module, then hands the lead
 to the caller at the head of the queue. That caller takes the queued
@@ -52,7 +52,7 @@ from .table import StockModel, recorded
 
 log = logging.getLogger("stock_locks.stock")
 
-# stock_confirm_join.lua's and stock_confirm_pass.lua's replies
+# stocklib/confirm_join.lua's and stock_confirm_pass.lua's replies
 LEADS, NAME_HEAD = 1, 3
 # A reply list outlives its caller's wait by this much, then Redis drops it.
 REPLY_TTL_MS = 60_000
@@ -93,7 +93,7 @@ class Confirmation:
         return cls(ref, lines, strategy, ttl_ms, int(now_ms))
 
     def join_args(self) -> list[Any]:
-        """The arguments of a join (_confirm_join.lua): job, token, lease and wait in ms.
+        """The arguments of a join (lib/confirm_join.lua): job, token, lease and wait in ms.
         Made when a join is sent, not before (most attempts of a sale are refusals)."""
         if not self.token:
             object.__setattr__(self, "token", secrets.token_hex(8))

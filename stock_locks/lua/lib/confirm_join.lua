@@ -1,5 +1,7 @@
 -- Shared by stock_confirm_join.lua and stock_reserve.lua, included where this line
--- stands in them: "-- include _confirm_join.lua" (stock_locks/scripts.py).
+-- stands in them: "-- include lib/confirm_join.lua" (stock_locks/scripts.py).
+-- Defines the local function confirm_join(queue, leader, job, token, lease_ms,
+-- wait_ms, now_ms); expects nothing of the including script.
 --
 -- Join the database confirmations of reservations Redis took (group commit,
 -- stock_locks.stock.groupcommit). When no one leads, the caller leads from now

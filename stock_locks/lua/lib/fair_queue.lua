@@ -1,6 +1,7 @@
 -- Shared by fair_acquire.lua and fair_release.lua, included where this line
--- stands in them: "-- include _fair_queue.lua" (stock_locks/scripts.py). Uses
--- their locals now, holders, meta, queue, alive, wake, id, limit and grace.
+-- stands in them: "-- include lib/fair_queue.lua" (stock_locks/scripts.py).
+-- Defines the local functions sweep() and wake_due(). Uses their locals now (ms,
+-- lib/now.lua), holders, meta, queue, alive, wake, id, limit and grace.
 
 -- Remove ended leases and lapsed places, so that a turn goes to a live waiter.
 local function sweep()
