@@ -237,39 +237,50 @@ def one_run(server, client, admin, queue, func, batch, kind, n) -> dict:
 
 
 def timed_drain(admin, queue, n: int) -> dict[str, float]:
-    """One drain(batch 500) of ``n`` items with timing wrappers around claim(), the claim
-    script, _handle(), ack() and the ack script (restored after): seconds spent in each."""
+    """One drain(batch 500) of ``n`` items with timing wrappers around claim(), its round
+    trip (the claim script), the handling of each item, ack() and its round trip (the ack
+    script), restored after: seconds spent in each."""
     global SEEN
-    from stock_locks import scripts
+    from stock_locks.delayqueue import runner
 
     admin.flushall()
     seed(admin, queue.keys, n)
     SEEN = bytearray(n)
     spent: Counter = Counter()
+    within: list[str] = []  # the public call running now: its round trips count as its script's
 
     def timed(name, func):
         def wrapper(*a, **kw):
+            within.append(name)
             t0 = time.perf_counter()
             try:
                 return func(*a, **kw)
             finally:
                 spent[name] += time.perf_counter() - t0
+                within.pop()
 
         return wrapper
 
-    originals = (scripts.DELAY_CLAIM, scripts.DELAY_ACK)
+    def timed_run(requests):
+        t0 = time.perf_counter()
+        try:
+            return queue.backend.run(requests)
+        finally:
+            if within:
+                spent[f"{within[-1]} script"] += time.perf_counter() - t0
+
+    original_handle = runner._handle
     queue.claim = timed("claim", queue.claim)
     queue.ack = timed("ack", queue.ack)
-    queue._handle = timed("handle", queue._handle)
-    scripts.DELAY_CLAIM = timed("claim script", originals[0])
-    scripts.DELAY_ACK = timed("ack script", originals[1])
+    queue._run = timed_run
+    runner._handle = timed("handle", original_handle)
     try:
         start = time.perf_counter()
         handled = queue.drain(limit=DEFAULT_BATCH, max_batches=10**9).handled
         spent["total"] = time.perf_counter() - start
     finally:
-        scripts.DELAY_CLAIM, scripts.DELAY_ACK = originals
-        for name in ("claim", "ack", "_handle"):
+        runner._handle = original_handle
+        for name in ("claim", "ack", "_run"):
             del queue.__dict__[name]
     if handled != n:
         raise RuntimeError(f"breakdown: handled {handled} of {n}")
@@ -289,7 +300,7 @@ def breakdown(admin, queue, n: int, repeats: int, by_name: dict[str, list[dict]]
         ("claim(): EVALSHA delay_claim (send, Lua, read reply)", lambda r: r["claim script"]),
         ("claim(): Python (JSON decode, an Item per item)",
          lambda r: r["claim"] - r["claim script"]),
-        ("_handle() per item (lookup, call, count)", lambda r: r["handle"]),
+        ("handling per item (lookup, call, count)", lambda r: r["handle"]),
         ("ack(): EVALSHA delay_ack", lambda r: r["ack script"]),
         ("ack(): Python", lambda r: r["ack"] - r["ack script"]),
         ("drain() loop itself + the wrappers",

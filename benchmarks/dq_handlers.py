@@ -26,7 +26,7 @@ RECORD_TASK = "bench.record"
 @handler(RECORD_TASK)
 def record(payload: dict[str, Any]) -> None:
     handled_ms = time.time() * 1000
-    from stock_locks.connection import get_redis
+    from stock_locks.backends.redis import get_redis
 
     get_redis().rpush(payload["key"], f"{payload['n']} {payload['due']} {handled_ms:.3f}")
 

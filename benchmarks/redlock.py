@@ -27,7 +27,7 @@ c. Redis Cluster beside one Redis: the uncontended Lock cycle on the default
    backend (one Redis) and on a ``RedisBackend`` with ``OPTIONS["CLUSTER"]``
    (a ``RedisCluster`` client), with redis-py's ``Lock`` on both as the
    reference for what the cluster client itself costs. Then the ``lua``
-   flash sale (``benchmarks.stock.flash``, i.e. ``stock_locks.stress.run_stress``)
+   flash sale (``benchmarks.stock.flash``, i.e. ``stock_locks.stock.stress.run_stress``)
    with the default backend on one Redis and on the cluster, in interleaved
    rounds. The flash sale needs PostgreSQL: ``--database-url``, else
    ``DATABASE_URL``, else ``stock_locks_bench`` on 127.0.0.1 (created and
@@ -538,8 +538,9 @@ def flash_sales(env: Env, args: argparse.Namespace) -> list[str]:
     ]
     bad = [side for side in sides if not all(res.ok for res in runs[side].values())]
     lines = [
-        f"c2. Flash sale, lua strategy (benchmarks.stock.flash -> stock_locks.stress.run_stress, "
-        f"ORM buyers): {args.flash_stock:,} units, {args.flash_buyers:,} buyers, "
+        f"c2. Flash sale, lua strategy (benchmarks.stock.flash -> "
+        f"stock_locks.stock.stress.run_stress, ORM buyers): {args.flash_stock:,} units, "
+        f"{args.flash_buyers:,} buyers, "
         f"{args.flash_processes} forked processes, one hot SKU; STOCK_LOCKS BACKENDS "
         f'"default" on one Redis (the django-redis cache) or on the cluster (RedisBackend, '
         f"CLUSTER); {args.flash_rounds} round(s), sides interleaved",
@@ -646,7 +647,7 @@ def prepare_database(args: argparse.Namespace) -> tuple[str | None, str]:
 
 
 def header(server: Any, quick: bool) -> list[str]:
-    from stock_locks.backends import redlock
+    from stock_locks.backends.redlock import backend as redlock
 
     return [
         *support.header("RedLock and Redis Cluster benchmark", server,

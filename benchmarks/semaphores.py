@@ -64,7 +64,7 @@ def _flushall(server) -> None:
 
 def _let_leases_lapse(team, kind: str, limit: int, ttl: float, rounds: int) -> list:
     """Take a permit ``rounds`` times, never releasing; (start ms, end ms) of each grant."""
-    from stock_locks.connection import get_redis
+    from stock_locks.backends.redis import get_redis
 
     client = get_redis()
     grants = []

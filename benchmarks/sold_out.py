@@ -40,7 +40,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def _giver(orders, replies) -> None:  # another process (forked: Django is set up)
     from stock_locks import scripts
-    from stock_locks.connection import get_redis
+    from stock_locks.backends.redis import get_redis
     from stock_locks.keys import StockKeys
 
     client, keys = get_redis(), StockKeys()
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> str:
     args = parse_args(argv)
     with support.private_redis() as server:
         support.setup_django(server.url)
-        from stock_locks.connection import get_redis
+        from stock_locks.backends.redis import get_redis
         from stock_locks.keys import StockKeys
         from stock_locks.stock import soldout
 

@@ -11,7 +11,7 @@ b. One hot SKU whose stock never runs out (10**9): P processes each loop
    the reference). Product reset, reservations deleted, Redis flushed and the
    tables vacuumed between contenders; the contenders run in interleaved
    rounds with the order rotated, because the machine is shared and noisy.
-c. The flash sale (the design's headline): ``stock_locks.stress.run_stress``,
+c. The flash sale (the design's headline): ``stock_locks.stock.stress.run_stress``,
    1,000 units, 10,000 buyers, 16 processes, every strategy, in rounds; beside
    them ``lua`` with its sold-out cache off and with its group commit off, and
    the same attempts as a bare Lua decrement (EVALSHA of GET/DECRBY, no
@@ -171,24 +171,24 @@ def vacuum() -> None:
     from django.db import connection
 
     from stock_locks.models import Reservation
-    from stock_locks.stock.table import StockModel
+    from stock_locks.stock.table import StockTable
 
     if connection.vendor != "postgresql" or connection.in_atomic_block:
         return
     with connection.cursor() as cursor:
-        for model in (StockModel().model, Reservation):
+        for model in (StockTable().model, Reservation):
             cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(model._meta.db_table)}")
 
 
 def reset_hot() -> None:
     """The hot SKU back to ``HOT_STOCK`` (fence 0), this benchmark's reservations deleted,
     Redis flushed (our private server) and the counter loaded from the database."""
-    from stock_locks.connection import get_redis
+    from stock_locks.backends.redis import get_redis
     from stock_locks.models import Reservation
     from stock_locks.stock.reconcile import sync_counters
-    from stock_locks.stock.table import StockModel
+    from stock_locks.stock.table import StockTable
 
-    stock = StockModel()
+    stock = StockTable()
     fields = {f.name for f in stock.model._meta.get_fields()}
     defaults = {stock.qty: HOT_STOCK}
     if "fence" in fields:  # the Redis fencing counters go with the FLUSHALL below
@@ -509,9 +509,9 @@ def hot(args) -> tuple[list[str], dict]:
 def flash(args) -> tuple[list[str], dict]:
     from django.db import connections
 
-    from stock_locks.connection import get_redis
+    from stock_locks.backends.redis import get_redis
     from stock_locks.models import Reservation
-    from stock_locks.stress import StressConfig, run_stress
+    from stock_locks.stock.stress import StressConfig, run_stress
 
     config = StressConfig(
         stock=args.flash_stock,
@@ -601,7 +601,7 @@ def flash(args) -> tuple[list[str], dict]:
             ]
         )
     lines = [
-        f"c. Flash sale (stock_locks.stress.run_stress, ORM buyers): {config.stock:,} units, "
+        f"c. Flash sale (stock_locks.stock.stress.run_stress, ORM buyers): {config.stock:,} units, "
         f"{config.buyers:,} buyers, {config.processes} forked processes, one hot SKU, cart "
         f"{{SKU: {config.qty}}}; {args.flash_rounds} round(s), {args.flash_redis_rounds} of lua, "
         "its variants and the bare decrement; order rotated",
@@ -653,8 +653,8 @@ def bare_flash(config):
     forked processes, timed like run_stress (start signal to the last report)."""
     import multiprocessing
 
-    from stock_locks.connection import get_redis
-    from stock_locks.stress import StressResult
+    from stock_locks.backends.redis import get_redis
+    from stock_locks.stock.stress import StressResult
 
     client, key = get_redis(), f"{{{FLASH_PREFIX}}}:bare"
     client.set(key, config.stock)
@@ -692,7 +692,7 @@ def bare_flash(config):
 
 
 def _bare_buyer(sha, key, attempts, ready, start, results) -> None:  # forked
-    from stock_locks.connection import get_redis
+    from stock_locks.backends.redis import get_redis
 
     client = get_redis()
     client.ping()
@@ -713,7 +713,7 @@ def header(db_url: str, own_db: bool, created: bool) -> list[str]:
     import redis
     from django.db import connection
 
-    from stock_locks.connection import get_redis
+    from stock_locks.backends.redis import get_redis
 
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:

@@ -4,7 +4,7 @@ Public API::
 
     from stock_locks import Lock, RedLock, LockInfo, Semaphore, FairSemaphore, DelayQueue
     from stock_locks import locked, lock_model, limit_concurrency
-    from stock_locks.locks import inspect, force_release, release_held_by
+    from stock_locks.operations import inspect, force_release, release_held_by
 
 Importing this package loads no models and touches no settings; names are
 imported on first use.

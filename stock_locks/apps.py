@@ -7,9 +7,9 @@ class StockLocksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks
-        from .delayqueue import discover_handlers
-        from .stock import expiry, sync  # noqa: F401  (expiry registers its handler)
+        from . import checks  # (Django's app loading: the checks read the models)
+        from .delayqueue import discover_handlers  # (app loading: handlers import models)
+        from .stock import expiry, sync  # noqa: F401  # (app loading; expiry registers its handler)
 
         checks.register()
         sync.connect_signals()  # the stock model's saves keep the Redis counters in line

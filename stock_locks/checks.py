@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
+from django.apps import apps
+from django.conf import settings as django_settings
 from django.core import checks
+from django.core.exceptions import FieldDoesNotExist
+from django.db import connections, router
+from redis.exceptions import RedisError
 
+from .backends import aliases, get_backend
+from .backends.base import FENCED
+from .backends.redis.client import get_redis
+from .backends.redis.transport import on_own_connection
 from .conf import DEFAULTS, settings
 
 TAG = "stock_locks"
@@ -86,9 +96,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 
 def _check_stock_model() -> list[checks.CheckMessage]:
-    from django.apps import apps
-    from django.core.exceptions import FieldDoesNotExist
-
     label = settings.STOCK_MODEL
     if not label:
         return []  # stock strategies unused; get_strategy() says what to set
@@ -139,8 +146,6 @@ def _check_stock_model() -> list[checks.CheckMessage]:
 
 
 def _check_sqlite(model: Any) -> list[checks.CheckMessage]:
-    from django.db import connections, router
-
     alias = router.db_for_write(model)
     connection = connections[alias]
     if connection.vendor != "sqlite":
@@ -162,9 +167,6 @@ def _check_sqlite(model: Any) -> list[checks.CheckMessage]:
 def check_backends(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Every BACKENDS alias can be built (no connection is made), and the lock
     strategy's backend is fenced."""
-    from .backends import aliases, get_backend
-    from .backends.base import FENCED
-
     errors: list[checks.CheckMessage] = []
     if not isinstance(settings.BACKENDS or {}, dict):
         return [checks.Error("STOCK_LOCKS['BACKENDS'] must be a dict of aliases.", id=E009)]
@@ -212,11 +214,6 @@ def _default_backend_has_location() -> bool:
 
 
 def check_redis(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from django.conf import settings as django_settings
-    from redis.exceptions import RedisError
-
-    from .connection import get_redis
-
     if _default_backend_has_location():
         return []  # the default backend names its Redis itself: CACHES is not involved
     alias = settings.REDIS_ALIAS
@@ -296,8 +293,6 @@ def _sharing_aliases(alias: str, caches: dict[str, Any]) -> list[str]:
 
 
 def _normalized(url: str) -> str:
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url.strip())
     db = parts.path.strip("/") or "0"
     return f"{parts.hostname}:{parts.port or 6379}/{db}"
@@ -311,17 +306,9 @@ def _timeouts(client: Any) -> tuple[float | None, float | None]:
 
 
 def _ping(client: Any) -> None:
-    """PING on a connection of its own whose timeouts are at most PING_TIMEOUT."""
-    pool = client.connection_pool
-    kwargs = dict(pool.connection_kwargs)
-    for name in ("socket_timeout", "socket_connect_timeout"):
-        kwargs[name] = min(kwargs.get(name) or PING_TIMEOUT, PING_TIMEOUT)
-    connection = pool.connection_class(**kwargs)
-    try:
-        connection.send_command("PING")
-        connection.read_response()
-    finally:
-        connection.disconnect()
+    """PING on a connection of its own whose every step waits at most PING_TIMEOUT
+    (made like the pool's: through Sentinel, TLS, a unix socket as configured)."""
+    on_own_connection(client, ("PING",), PING_TIMEOUT)
 
 
 def register() -> None:

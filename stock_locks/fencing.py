@@ -41,7 +41,17 @@ from typing import Any
 
 from django.db import models, transaction
 
+from . import metrics
 from .exceptions import StaleFencingToken
+
+
+def stale(what: str, fence: int, current: int | None) -> StaleFencingToken:
+    """The refusal of a write fenced by ``fence`` to ``what``, whose stored fence is
+    ``current`` (counted in :mod:`stock_locks.metrics`)."""
+    metrics.stale_fence()
+    return StaleFencingToken(
+        f"{what}: fence {fence} is older than stored {current}", fence=fence, current=current
+    )
 
 
 def _check_fence(fence: int) -> None:
@@ -85,11 +95,7 @@ def fenced_update_row(model: type[models.Model], pk: Any, fence: int, **changes:
     current = rows.values_list("fence", flat=True).first()
     if current is None:
         raise model.DoesNotExist(f"{model.__name__} pk={pk} no longer exists")  # type: ignore[attr-defined]
-    raise StaleFencingToken(
-        f"{model.__name__} pk={pk}: fence {fence} is older than stored {current}",
-        fence=fence,
-        current=current,
-    )
+    raise stale(f"{model.__name__} pk={pk}", fence, current)
 
 
 def fenced_update(queryset: models.QuerySet, fence: int, **changes: Any) -> int:
@@ -106,11 +112,7 @@ def fenced_update(queryset: models.QuerySet, fence: int, **changes: Any) -> int:
         updated = queryset.filter(fence__lte=fence).update(fence=fence, **changes)
         newer = queryset.filter(fence__gt=fence).aggregate(m=models.Max("fence"))["m"]
         if newer is not None:
-            raise StaleFencingToken(
-                f"{queryset.model.__name__}: fence {fence} is older than stored {newer}",
-                fence=fence,
-                current=newer,
-            )
+            raise stale(queryset.model.__name__, fence, newer)
     return updated
 
 

@@ -172,6 +172,11 @@ def slot_tag(slot: int) -> str:
     return tag
 
 
+def timeline_key() -> str:
+    """The metrics timeline's base key; the bucket of second ``s`` is ``<base>:<s>``."""
+    return f"{settings.key_prefix()}:metrics:{{metrics}}:timeline"
+
+
 class StockKeys:
     """Stock keys, all under one hash tag (``STOCK_HASH_TAG``) so a cart is one slot.
 

@@ -3,14 +3,15 @@
 Every primitive with a lease (:class:`~stock_locks.locks.Lock`,
 :class:`~stock_locks.semaphores.Semaphore`, :class:`FairSemaphore`, on any
 backend) acquires, releases and extends through the generators here. A
-generator yields :class:`Call` objects (what to ask the backend) and receives
-their results; it decides everything else: the deadline, bounding each wait by
-the holder's lease, when to give a grant back, when to repeat a call whose
-reply was lost. :func:`run` is the synchronous driver and :func:`arun` the
-asyncio one: they are the only places that perform the calls, and the one seam
-where timing and metrics belong. Backends use the same drivers one level down:
-each backend operation is a generator of transport requests (a script call, a
-blocking pop), performed by a sync or an async transport.
+generator yields :class:`~stock_locks.backends.base.Call` objects (what to ask
+the backend, type-checked against its operation) and receives their results; it
+decides everything else: the deadline, bounding each wait by the holder's lease,
+when to give a grant back, when to repeat a call whose reply was lost. The
+surfaces drive them with :func:`run` (sync) or :func:`arun` (asyncio), each call
+going to the backend's ``execute`` or ``aexecute``. Backends use the same
+drivers one level down: each backend operation is a generator of transport
+requests (a script call, a blocking pop), performed by a sync or an async
+transport.
 
 The failure rules, in one place:
 
@@ -30,62 +31,40 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
 
 from . import metrics
+from .backends.base import Attempt, Call, arun, bounded, run
 from .exceptions import BackendUnavailable, LockError
+
+__all__ = [
+    "Attempt",
+    "Call",
+    "Steps",
+    "acquire",
+    "arun",
+    "bounded",
+    "give_back_once",
+    "repeatable",
+    "run",
+]
 
 T = TypeVar("T")
 log = logging.getLogger("stock_locks.lease")
 
 
-class Call(NamedTuple):
-    """One backend operation: ``backend.<verb>(*args, bounded=bounded)``.
-
-    ``bounded``: a clean-up or repeat, run on a connection of its own whose
-    every step has a short bound, so that it cannot hang the caller.
-    """
-
-    verb: str
-    args: tuple
-    bounded: bool = False
-
-
-@dataclass(slots=True)
-class Attempt:
-    """A backend's answer to one try (not frozen: frozen dataclasses cost a
-    microsecond more to make, on every acquire).
-
-    ``wait``: when refused, the longest the caller must sleep before a try could
-    succeed without a wake-up (the holder's lease end), seconds; None when
-    unknown. ``fence``/``count``: a lock grant's fencing token and reentrant
-    depth. ``ticket``: a fair semaphore's place in the queue.
-    """
-
-    granted: bool
-    wait: float | None = None
-    fence: int | None = None
-    count: int = 0
-    ticket: int | None = None
-
-
-Steps = Generator[Call, Any, T]
-
-
-def bounded(call: Call) -> Call:
-    return call._replace(bounded=True)
+Steps = Generator[Call[Any], Any, T]
 
 
 def acquire(
-    try_call: Callable[[float, bool], Call],
-    wait_call: Callable[[float], Call],
+    try_call: Callable[[float, bool], Call[Attempt]],
+    wait_call: Callable[[float], Call[bool]],
     *,
     blocking: bool,
     timeout: float | None,
     default_wait: float,
-    give_back: Call | None,
+    give_back: Call[Any] | None,
     what: str,
     on_refused: Callable[[Attempt], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -151,57 +130,24 @@ def acquire(
         raise
 
 
-def repeatable(call: Call) -> Steps[Any]:
+def repeatable(call: Call[T]) -> Steps[T]:
     """``call``'s result; after a lost reply (:class:`BackendUnavailable`), one bounded
     repeat's. When the repeat fails too, the first error propagates."""
     try:
-        return (yield call)
+        result: T = yield call
     except BackendUnavailable as error:
         try:
-            return (yield bounded(call))
+            result = yield bounded(call)
         except BackendUnavailable:
             raise error from None
+    return result
 
 
-def give_back_once(call: Call) -> Steps[Any]:
+def give_back_once(call: Call[T]) -> Steps[T | None]:
     """``call`` run once, bounded, after an interruption; its result, or None when it
     failed too (whatever it raised is swallowed: the interruption is what propagates)."""
     try:
-        return (yield bounded(call))
+        result: T = yield bounded(call)
     except BaseException:
         return None
-
-
-def run(steps: Steps[T], execute: Callable[[Any], Any]) -> T:
-    """Drive ``steps`` synchronously: each yielded :class:`Call` goes to ``execute``,
-    its result (or exception) back into the generator; the generator's return value."""
-    send: Callable[[Any], Call] = steps.send
-    value: Any = None
-    while True:
-        try:
-            call = send(value)
-        except StopIteration as done:
-            return done.value
-        try:
-            value, send = execute(call), steps.send
-        except BaseException as exc:
-            value, send = exc, steps.throw
-
-
-async def arun(steps: Steps[T], execute: Callable[[Any], Awaitable[Any]]) -> T:
-    """:func:`run` under asyncio: each yielded request is awaited through ``execute``.
-
-    A cancellation while a request is awaited is thrown into the generator like
-    any other exception (an acquire then gives back what it may hold, awaiting
-    once more, before the cancellation propagates)."""
-    send: Callable[[Any], Any] = steps.send
-    value: Any = None
-    while True:
-        try:
-            call = send(value)
-        except StopIteration as done:
-            return done.value
-        try:
-            value, send = await execute(call), steps.send
-        except BaseException as exc:
-            value, send = exc, steps.throw
+    return result

@@ -12,8 +12,9 @@ expiry. Each figure goes to three places:
   extra), multiprocess-safe when ``PROMETHEUS_MULTIPROC_DIR`` is set (gunicorn,
   Celery prefork: see prometheus-client's multiprocess mode);
 * the per-second timeline in Redis that the dashboard charts
-  (:mod:`stock_locks.timeline`), flushed by one daemon thread per process about
-  once a second, so that the figures of every process add up on one clock.
+  (:mod:`stock_locks.dashboard.timeline` reads it), flushed by one daemon thread
+  per process about once a second (:func:`flush`), so that the figures of every
+  process add up on one clock.
 
 Metric names (Prometheus): ``stock_locks_lock_acquisitions_total{primitive,
 backend,outcome}`` (outcome ``granted``, ``timeout``, ``error``),
@@ -39,7 +40,10 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from . import scripts
+from .backends.redis.client import get_redis
 from .conf import settings
+from .keys import timeline_key
 from .signals import lock_lost, stock_refused
 
 log = logging.getLogger("stock_locks.metrics")
@@ -47,6 +51,11 @@ log = logging.getLogger("stock_locks.metrics")
 # Upper bounds of the wait and lag histograms, milliseconds (then +Inf).
 BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 FLUSH_EVERY = 1.0  # seconds between flushes of the timeline deltas
+TIMELINE_KEEP = 900  # seconds a second's bucket of the timeline stays in Redis
+# The timeline's fields besides the histograms ("<name>_ms|<upper bound or inf>").
+RESERVATIONS = "reservations:"  # + strategy name: count per second
+REFUSALS = "refusals:"  # + strategy name: count per second
+DEAD_LETTERS = "dead_letters"  # count per second
 
 _COUNTERS = {
     "lock_acquisitions": ("primitive", "backend", "outcome"),
@@ -141,7 +150,7 @@ def reserved(strategy: str, created: bool, retries: int) -> None:
     if not _enabled():
         return
     if created:
-        _count("reservations", (strategy,), field=f"reservations:{strategy}")
+        _count("reservations", (strategy,), field=RESERVATIONS + strategy)
     if retries:
         _count("reserve_retries", (strategy,), retries)
 
@@ -149,7 +158,7 @@ def reserved(strategy: str, created: bool, retries: int) -> None:
 def refused(strategy: str, order_ref: str, sku: str, requested: int, available: int) -> None:
     """A reserve was refused for lack of stock; sends ``stock_refused``."""
     if _enabled():
-        _count("refusals", (strategy,), field=f"refusals:{strategy}")
+        _count("refusals", (strategy,), field=REFUSALS + strategy)
     if stock_refused.receivers:
         stock_refused.send(
             sender=None, strategy=strategy, order_ref=order_ref, sku=sku,
@@ -164,7 +173,7 @@ def expired() -> None:
 
 def dead_lettered(queue: str) -> None:
     if _enabled():
-        _count("dead_letters", (queue,), field="dead_letters")
+        _count("dead_letters", (queue,), field=DEAD_LETTERS)
 
 
 def delay_claimed(queue: str, lag_ms: float) -> None:
@@ -198,13 +207,13 @@ def exposition() -> tuple[bytes, str]:
     (every process's figures under ``PROMETHEUS_MULTIPROC_DIR``) when installed, else
     this process's tally in the text format."""
     try:
-        import prometheus_client
+        import prometheus_client  # (the optional [prometheus] extra)
     except ImportError:
         return _own_exposition().encode(), "text/plain; version=0.0.4; charset=utf-8"
     _prometheus_metrics()
     registry = prometheus_client.REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
+        from prometheus_client import multiprocess  # (the optional [prometheus] extra)
 
         registry = prometheus_client.CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
@@ -269,7 +278,7 @@ def _make_prometheus_metrics() -> dict[str, Any] | None:
     global _prom
     if _prom is None:
         try:
-            import prometheus_client as prom
+            import prometheus_client as prom  # (the optional [prometheus] extra)
         except ImportError:
             _prom = {}
             return None
@@ -330,21 +339,31 @@ def flush(client: Any = None) -> bool:
     """Add this process's figures since the last flush to the timeline in Redis now.
     True when there was nothing to add or it was added; False when Redis could not
     be reached (the figures are kept for the next flush)."""
-    from . import timeline
-
     with _lock:
         deltas = dict(_pending)
         _pending.clear()
     if not deltas:
         return True
     try:
-        timeline.add(deltas, client)
+        add_to_timeline(deltas, client)
         return True
     except Exception as exc:  # noqa: BLE001 (metrics never break the caller; kept for later)
         log.debug("metrics not flushed to Redis (%s); kept for the next flush", exc)
         with _lock:
             _pending.update(deltas)
         return False
+
+
+def add_to_timeline(deltas: dict[str, int], client: Any = None) -> int:
+    """Add ``deltas`` (field -> amount) to the timeline's bucket of the Redis server's
+    current second; that second. Raises redis-py's errors (the caller keeps the deltas)."""
+    argv: list[Any] = [TIMELINE_KEEP]
+    for name, amount in deltas.items():
+        argv += [name, amount]
+    # EVAL, not EVALSHA: once a second per process the source costs nothing, and the
+    # flush then stays out of the EVALSHA figures of the hot path (commandstats).
+    client = client or get_redis()
+    return int(client.eval(scripts.METRICS_FLUSH.script, 1, timeline_key(), *argv))
 
 
 def reset() -> None:

@@ -2,20 +2,18 @@
 
 Each script is a ``redis.commands.core.Script`` built from the file's bytes, so
 it is bound to no client: call it with ``client=`` (a client or a pipeline).
-EVALSHA falls back to SCRIPT LOAD on NOSCRIPT, so a restarted or new server
-needs no preparation. An asyncio client can run the same source through
+A server that does not know a script (it restarted, or is a new primary) is
+sent its source (``stock_locks.backends.redis.requests``), so it needs no
+preparation. An asyncio client can run the same source through
 ``redis.commands.core.AsyncScript(None, script.script)``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from importlib import resources
-from typing import Any
 
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
 
 # A line "-- include <path>.lua" (a path under lua/, such as lib/now.lua) is replaced
 # by that file when loading, so Lua shared by several scripts is written once; each
@@ -62,29 +60,11 @@ FAIR_ACQUIRE = load("fair_acquire")
 FAIR_RELEASE = load("fair_release")
 
 
-def run_batch(client: Any, calls: Sequence[tuple[Script, Sequence, Sequence]]) -> list:
-    """Run several script calls in one round trip (a non-transactional pipeline).
-
-    Returns one reply per call; a call that failed inside Redis gives its
-    exception object instead of raising. When the server does not know a script
-    (it restarted), the scripts are loaded and the whole batch runs once more,
-    so every call in a batch must be safe to repeat.
-    """
-    for attempt in range(2):
-        pipe = client.pipeline(transaction=False)
-        for script, keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-        results = pipe.execute(raise_on_error=False)
-        missing = {id(calls[i][0]): calls[i][0] for i, r in enumerate(results) if _noscript(r)}
-        if not missing or attempt:
-            return results
-        for script in missing.values():
-            client.script_load(script.script)
-    return results
-
-
-def _noscript(reply: object) -> bool:
-    return isinstance(reply, NoScriptError)
-
-
 METRICS_FLUSH = load("metrics_flush")
+
+_BY_SHA = {script.sha: script for script in list(globals().values()) if isinstance(script, Script)}
+
+
+def by_sha(sha: str) -> Script:
+    """The script whose SHA1 is ``sha`` (KeyError for one stock_locks does not load)."""
+    return _BY_SHA[sha]

@@ -7,8 +7,8 @@ from typing import Any
 
 from celery import shared_task
 
+from .backends.redis.errors import REDIS_FAILURES
 from .conf import settings
-from .connection import REDIS_ERRORS
 from .delayqueue import DelayQueue
 
 DRAIN_TASK = "stock_locks.drain_delay_queue"
@@ -31,7 +31,7 @@ def drain_delay_queue(queues: list[str] | None = None, max_batches: int = 50) ->
     for name in queues or settings.DELAY_QUEUES:
         try:
             result = DelayQueue(name).drain(max_batches=max_batches)
-        except REDIS_ERRORS as exc:
+        except REDIS_FAILURES as exc:
             log.warning("delay queue %r: drain task: %s: %s", name, type(exc).__name__, exc)
             summary[name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
@@ -52,7 +52,7 @@ def sweep_stock() -> dict[str, Any]:
     See :mod:`stock_locks.stock.sweeper`. Safe to run twice at once (the
     second run finds the first's lock and does nothing).
     """
-    from .stock.sweeper import sweep
+    from .stock.sweeper import sweep  # (a worker imports the tasks before the apps are ready)
 
     return sweep().as_dict()
 

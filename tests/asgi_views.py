@@ -62,9 +62,9 @@ def _state(frame) -> tuple[str, list[str]]:
 
 
 def _waiters() -> int:
-    from stock_locks.aio import runtime
+    from stock_locks import loops
 
-    found = runtime._by_loop.get(asyncio.get_running_loop())
+    found = loops._by_loop.get(asyncio.get_running_loop())
     if found is None:
         return 0
     return sum(

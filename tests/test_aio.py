@@ -9,11 +9,11 @@ import asyncio
 import pytest
 
 from stock_locks import aio
-from stock_locks.aio.runtime import resources
 from stock_locks.backends import get_backend
 from stock_locks.conf import settings
 from stock_locks.exceptions import LockError
-from stock_locks.semaphores import semaphore_state
+from stock_locks.loops import resources
+from stock_locks.operations import semaphore_state
 from tests.support.waiting import TIMEOUT, eventually
 
 COROUTINES = 1000
@@ -123,7 +123,7 @@ def test_the_loops_clients_close_with_the_loop(redis_client):
 def test_the_pool_bound_queues_callers_and_times_out_with_a_clear_error(redis_server):
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from stock_locks.aio.redis import BoundedConnectionPool
+    from stock_locks.backends.redis.client import BoundedConnectionPool
 
     async def main() -> None:
         pool = BoundedConnectionPool.from_url(redis_server.url, max_connections=2, timeout=30)

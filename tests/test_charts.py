@@ -9,8 +9,17 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 
 from stock_locks import metrics
-from stock_locks.charts import BOTTOM, HEIGHT, LEFT, RIGHT, TOP, WIDTH, line_chart, nice_ceiling
-from stock_locks.timeline import Timeline
+from stock_locks.dashboard.charts import (
+    BOTTOM,
+    HEIGHT,
+    LEFT,
+    RIGHT,
+    TOP,
+    WIDTH,
+    line_chart,
+    nice_ceiling,
+)
+from stock_locks.dashboard.timeline import Timeline
 from tests.test_dashboard import client_for
 
 

@@ -13,10 +13,10 @@ from django.test import Client
 from django.urls import reverse
 
 from stock_locks import DelayQueue, Lock, Semaphore, scripts
+from stock_locks.backends.redis.protocol import acquire_argv, acquire_keys, holder_argv
 from stock_locks.exceptions import LockNotOwned, StaleFencingToken
 from stock_locks.fencing import fenced_update
 from stock_locks.keys import StockKeys, lock_keys
-from stock_locks.locks import acquire_argv, acquire_keys, holder_argv
 from stock_locks.models import AuditEntry
 from tests.inventory.models import Item
 from tests.support import csp

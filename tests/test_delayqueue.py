@@ -10,8 +10,8 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from stock_locks import DelayQueue, delayqueue
-from stock_locks.delayqueue import HANDLERS, InvalidSchedule, handler
+from stock_locks import DelayQueue
+from stock_locks.delayqueue import HANDLERS, InvalidSchedule, handler, runner
 from tests.delayapp import delay_handlers as test_app_handlers
 from tests.support.celery_processes import CeleryProcess, celery_environment
 from tests.support.processes import run_in_processes
@@ -301,7 +301,7 @@ def test_concurrent_drainers_never_get_the_same_item(redis_client):
 def test_a_batch_past_its_give_back_time_still_makes_progress(queue, handled, monkeypatch):
     """Every batch is "late" at once: each claim starts its first item only and gives the
     rest back, so the drain still hands out every item, once, without counting deliveries."""
-    monkeypatch.setattr(delayqueue, "GIVE_BACK_SHARE", 0)
+    monkeypatch.setattr(runner, "GIVE_BACK_SHARE", 0)
     for n in range(5):
         queue.schedule("tests.record", n, eta=in_the_past(10 - n), id=f"p{n}")
     result = queue.drain()

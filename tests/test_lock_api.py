@@ -25,20 +25,13 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from stock_locks import Lock, LockInfo, lock_model, locked, scripts
-from stock_locks.backends.redis import parse_record, token_of
+from stock_locks.backends.base import ReleaseMode, ReleaseOutcome
+from stock_locks.backends.redis.protocol import parse_record, release_argv, release_keys, token_of
 from stock_locks.exceptions import LockError, LockNotOwned, StaleFencingToken
 from stock_locks.fencing import claim, fenced_update
-from stock_locks.locks import (
-    NOT_OWNED,
-    RELEASED,
-    _watchdog,
-    force_release,
-    inspect,
-    release_argv,
-    release_held_by,
-    release_keys,
-)
 from stock_locks.models import AuditEntry
+from stock_locks.operations import force_release, inspect, release_held_by
+from stock_locks.watchdog import thread_watchdog
 from tests.inventory.models import Item
 from tests.support.processes import event, start_process
 from tests.support.redis_stats import (
@@ -48,6 +41,8 @@ from tests.support.redis_stats import (
     redis_ms,
 )
 from tests.support.waiting import TIMEOUT, renewed, wait_until
+
+NOT_OWNED, RELEASED = ReleaseOutcome.NOT_OWNED, ReleaseOutcome.RELEASED
 
 _spawn = multiprocessing.get_context("spawn")
 HOST = socket.gethostname()
@@ -122,7 +117,7 @@ def test_hand_off_stops_the_givers_renewals_and_the_receiver_renews(redis_client
     with giver:
         token = giver.hand_off()
         assert token == giver.token
-        assert (giver.keys.lock, token) not in _watchdog.schedule.renewals
+        assert (giver.keys.lock, token) not in thread_watchdog().schedule.renewals
         assert not giver.owned()
         report, go = _spawn.Queue(), event()
         receiver = start_process(_adopt_with_watchdog, "job:9", token, report, go)
@@ -260,7 +255,7 @@ def test_a_repeated_force_release_is_recognised_and_the_holder_still_told(redis_
     # the release that happened, while the holder's own release is still refused.
     lock = Lock("order:91", ttl=30)
     lock.acquire()
-    force = (release_keys(lock.keys), release_argv(lock.token, 1, 30_000, "force"))
+    force = (release_keys(lock.keys), release_argv(lock.token, 1, 30_000, ReleaseMode.FORCE))
     assert scripts.LOCK_RELEASE(*force, client=redis_client) == RELEASED
     assert scripts.LOCK_RELEASE(*force, client=redis_client) == RELEASED
     assert lock.do_release(lock.token, 1) == NOT_OWNED
@@ -359,7 +354,7 @@ def test_release_locks_command_lists_releases_and_audits(redis_client):
 
 @pytest.mark.django_db
 def test_the_dashboard_action_force_releases_through_the_public_function(redis_client, caplog):
-    from stock_locks.actions import force_release_lock
+    from stock_locks.dashboard.actions import force_release_lock
 
     lock = Lock("order:93", ttl=30)
     lock.acquire()

@@ -11,9 +11,9 @@ import redis
 from django.test import override_settings
 
 from stock_locks import Lock
-from stock_locks.backends.redis import parse_record, token_of
+from stock_locks.backends.redis.protocol import parse_record, token_of
 from stock_locks.exceptions import LockError, LockNotOwned, LockNotReplicated, LockTimeout
-from stock_locks.locks import Watchdog
+from stock_locks.watchdog import Watchdog
 from tests.support.processes import event, run_in_processes, start_process
 from tests.support.redis_stats import (
     CountingConnection,
@@ -272,7 +272,7 @@ def test_a_queue_of_waiters_is_woken_release_by_release(redis_server, redis_clie
 
 
 def _increment_under_lock(index: int, rounds: int) -> list[tuple[int, int]]:
-    from stock_locks.connection import get_redis
+    from stock_locks.backends.redis import get_redis
 
     client = get_redis()
     seen = []
@@ -426,7 +426,7 @@ def test_a_wait_longer_than_the_socket_timeout_is_sliced_not_failed(redis_server
 
 
 def test_wait_for_signal_pops_a_pushed_signal(redis_client):
-    from stock_locks.wakeup import wait_for_signal
+    from stock_locks.backends.redis.wakeup import wait_for_signal
 
     redis_client.rpush("sig", 1)
     assert wait_for_signal(redis_client, "sig", 5) is True
@@ -434,7 +434,7 @@ def test_wait_for_signal_pops_a_pushed_signal(redis_client):
 
 
 def test_wait_for_signal_is_woken_by_a_push_from_another_client(redis_server, redis_client):
-    from stock_locks.wakeup import wait_for_signal
+    from stock_locks.backends.redis.wakeup import wait_for_signal
 
     client = redis.Redis(port=redis_server.port, socket_timeout=None)
     woken: list[bool] = []
@@ -449,7 +449,7 @@ def test_wait_for_signal_is_woken_by_a_push_from_another_client(redis_server, re
 def test_wait_for_signal_gives_up_client_side_and_leaves_no_blpop_behind(
     redis_server, redis_client
 ):
-    from stock_locks.wakeup import wait_for_signal
+    from stock_locks.backends.redis.wakeup import wait_for_signal
 
     client = redis.Redis(port=redis_server.port)
     # The server-side BLPOP timeout is beyond the wait: only the client's
@@ -463,7 +463,7 @@ def test_wait_for_signal_gives_up_client_side_and_leaves_no_blpop_behind(
 
 
 def test_wait_for_signal_longer_than_the_socket_timeout(redis_server, redis_client):
-    from stock_locks.wakeup import wait_for_signal
+    from stock_locks.backends.redis.wakeup import wait_for_signal
 
     client = redis.Redis(port=redis_server.port, socket_timeout=0.1)
     assert wait_for_signal(client, "sig", 0.3) is False  # no TimeoutError from redis-py
@@ -558,7 +558,9 @@ def test_a_reentrant_lock_shared_by_threads_keeps_each_threads_hold_apart(redis_
 
 
 def test_a_repeated_release_reports_success_a_lapsed_lease_does_not(redis_client):
-    from stock_locks.locks import NOT_OWNED, RELEASED
+    from stock_locks.backends.base import ReleaseOutcome
+
+    NOT_OWNED, RELEASED = ReleaseOutcome.NOT_OWNED, ReleaseOutcome.RELEASED
 
     lock = Lock("again", ttl=30)
     lock.acquire()
@@ -588,7 +590,7 @@ def test_a_late_copy_of_a_given_up_acquire_is_refused(redis_client):
 
 
 def test_a_force_released_holder_is_told_it_lost_the_lock(redis_client):
-    from stock_locks.actions import force_release_lock
+    from stock_locks.dashboard.actions import force_release_lock
 
     lock = Lock("forced", ttl=30)
     lock.acquire()

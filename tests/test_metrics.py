@@ -19,7 +19,8 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from stock_locks import Lock, metrics, timeline
+from stock_locks import Lock, metrics
+from stock_locks.dashboard import timeline
 from stock_locks.exceptions import LockNotOwned, OutOfStock
 from stock_locks.signals import lock_lost, stock_refused
 from stock_locks.stock import get_strategy
@@ -152,7 +153,7 @@ def _waits(index: int, fast: int, slow: int) -> int:
         metrics.lock_acquired("lock", "default", "granted", 0.0005)
     for _ in range(slow):
         metrics.lock_acquired("lock", "default", "granted", 4.0)
-    return timeline.add(dict(metrics._pending))  # this process's deltas, now
+    return metrics.add_to_timeline(dict(metrics._pending))  # this process's deltas, now
 
 
 def test_the_p99_comes_from_the_merged_histograms_not_from_each_process():

@@ -9,7 +9,7 @@ from django.test import override_settings
 
 from stock_locks import Lock, RedLock, Semaphore
 from stock_locks.backends import get_backend
-from stock_locks.backends.redis import parse_record, token_of
+from stock_locks.backends.redis.protocol import parse_record, token_of
 from stock_locks.exceptions import LockError
 from stock_locks.keys import lock_keys
 

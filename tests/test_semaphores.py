@@ -21,8 +21,10 @@ from django.test import RequestFactory, override_settings
 from django.views import View
 
 from stock_locks import FairSemaphore, Semaphore, limit_concurrency
+from stock_locks.backends.redis.protocol import gone_key
 from stock_locks.exceptions import LockError, LockNotOwned, LockTimeout, RedisUnavailable
-from stock_locks.semaphores import NO_BOUND, gone_key, semaphore_state
+from stock_locks.operations import semaphore_state
+from stock_locks.semaphores import NO_BOUND
 from tests.support.processes import event, run_in_processes, start_process
 from tests.support.redis_stats import blocked_clients, commandstats, redis_ms
 from tests.support.waiting import TIMEOUT, wait_until
@@ -164,13 +166,13 @@ def test_bad_arguments_are_refused_before_any_round_trip(redis_client):
 
 
 def test_the_decorators_checks_are_the_shared_ones():
-    from stock_locks.semaphores import check_limit, check_timeout
+    from stock_locks import _validate, limit_concurrency
 
-    assert check_limit(3) == 3 and check_timeout(None) is None and check_timeout(0.5) == 0.5
+    assert _validate.limit(3) == 3 and _validate.wait_seconds(None, "timeout") is None
     with pytest.raises(LockError, match="limit"):
-        check_limit(True)
+        limit_concurrency("exports", True)
     with pytest.raises(LockError, match="timeout"):
-        check_timeout(float("nan"))
+        limit_concurrency("exports", 2, timeout=float("nan"))
 
 
 # -- leases end on the Redis clock ----------------------------------------------------
@@ -497,7 +499,7 @@ return inside
 
 
 def _count_inside(index: int, kind: type[Semaphore], limit: int, rounds: int) -> int:
-    from stock_locks.connection import get_redis
+    from stock_locks.backends.redis import get_redis
 
     client = get_redis()
     count_inside = client.register_script(_COUNT_INSIDE)

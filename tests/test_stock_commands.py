@@ -317,7 +317,7 @@ def test_a_stress_run_readies_a_redis_that_lost_its_data_before_its_buyers_start
     """Restoring after a data loss is one process's work while the others wait: done
     by the run's preparation, not by its first buyers, inside the measured time."""
     from stock_locks.keys import StockKeys
-    from stock_locks.stress import StressConfig, StressRun, new_token
+    from stock_locks.stock.stress import StressConfig, StressRun, new_token
 
     loaded = StockKeys().loaded
     assert not redis_client.exists(loaded)  # an emptied Redis, as the benchmarks make it

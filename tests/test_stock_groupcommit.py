@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 
-from stock_locks.connection import get_redis
+from stock_locks.backends.redis import get_redis
 from stock_locks.exceptions import OutOfStock
 from stock_locks.keys import StockKeys
 from stock_locks.models import Reservation

@@ -19,10 +19,11 @@ from kazoo.client import KazooClient
 
 from stock_locks import Lock
 from stock_locks.backends import get_backend
+from stock_locks.backends.base import call
 from stock_locks.backends.zookeeper import ZooKeeperBackend, queue_order
 from stock_locks.exceptions import LockNotOwned, StaleFencingToken, ZooKeeperUnavailable
 from stock_locks.fencing import claim, fenced_update
-from stock_locks.locks import force_release, inspect
+from stock_locks.operations import force_release, inspect
 from tests.contract.support import backends_configured, in_thread, joined, sleeping_in
 from tests.inventory.models import Item
 from tests.support.redis_servers import free_port
@@ -169,12 +170,12 @@ def test_names_of_any_shape_are_one_znode_each(zk):
     locks = [Lock(name, backend=ALIAS) for name in names]
     for lock in locks:
         assert lock.acquire()
-    assert zk.held_lock_names() == sorted(names)
-    infos = zk.inspect_many([(n, zk.lock_keys(n)) for n in names])
+    assert zk.execute(call(zk.held_lock_names)) == sorted(names)
+    infos = zk.execute(call(zk.inspect_many, [(n, zk.lock_keys(n)) for n in names]))
     assert [info.token for info in infos] == [lock.token for lock in locks]
     for lock in locks:
         lock.release()
-    assert zk.held_lock_names() == []
+    assert zk.execute(call(zk.held_lock_names)) == []
 
 
 # -- the watchdog, force release ---------------------------------------------------------------

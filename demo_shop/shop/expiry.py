@@ -19,7 +19,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from stock_locks.signals import reservation_expired
-from stock_locks.stress import stress_cleanup
+from stock_locks.stock.stress import stress_cleanup
 
 log = logging.getLogger("demo_shop.expiry")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from stock_locks.stress import StressResult
+from stock_locks.stock.stress import StressResult
 
 
 def flash_sale_png(results: Sequence[StressResult], path: Path, title: str) -> Path | None:

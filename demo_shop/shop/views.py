@@ -23,16 +23,14 @@ from django.http import HttpRequest, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from stock_locks import locked
 from stock_locks.exceptions import (
+    BackendUnavailable,
     ContentionError,
     InvalidQuantity,
     LockTimeout,
     OutOfStock,
-    RedisUnavailable,
     ReservationError,
     StaleFencingToken,
 )
@@ -50,7 +48,6 @@ from .services import (
 )
 
 IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,80}")  # fullmatch: "$" would allow a "\n"
-REDIS_DOWN = (RedisUnavailable, RedisConnectionError, RedisTimeoutError)
 
 
 def error(http_status: int, code: str, message: str, **extra) -> JsonResponse:
@@ -112,7 +109,7 @@ def create_order(request: HttpRequest) -> JsonResponse:
         )
     except InvalidQuantity as exc:
         return error(400, "bad_request", str(exc), sku=exc.sku)
-    except REDIS_DOWN:
+    except BackendUnavailable:  # (the one "did not answer" error, cause chained)
         return unavailable()
     except ContentionError as exc:
         return error(409, "contention", str(exc), attempts=exc.attempts)
@@ -166,5 +163,5 @@ def _transition(order_id: int, action) -> JsonResponse:
         return stale_fence(exc)
     except LockTimeout as exc:
         return error(423, "locked", str(exc), lock=exc.name)
-    except REDIS_DOWN:
+    except BackendUnavailable:  # (the one "did not answer" error, cause chained)
         return unavailable()

@@ -10,21 +10,21 @@
 -- KEYS[4] held-locks index (zset lock key -> lease end, ms; one per hash slot on a cluster)
 -- KEYS[5] released tokens (list, newest first; see lock_release.lua)
 -- ARGV[1] token          ARGV[2] lease in ms
--- ARGV[3] depth: how many times this token already holds the lock (0 = fresh)
+-- ARGV[3] how many times this token already holds the lock (0 = fresh)
 -- ARGV[4] "1" when the caller waited before this try, else "0"
 -- ARGV[5] the holder's description (see KEYS[1]; no newline but between fields)
 -- ARGV[6] fencing counter retention in ms
 -- ARGV[7] (optional) fence rule: 'clock' (default) or 'counter' (RedLock: see below)
 --
 -- Returns {1, fence, count} when granted. A token that already holds the lock
--- is granted again (count = depth + 1), so a retried call whose reply was lost
+-- is granted again (count = ARGV[3] + 1), so a retried call whose reply was lost
 -- gets the same answer instead of stranding the lock.
 -- Returns {0, pttl} when another token holds it: pttl is the holder's remaining
 -- lease in ms (-1 when the key has no expiry), the longest a waiter must wait.
 -- A refusal sets the waiters flag (for the holder's lease), so that its release
 -- wakes one. A grant to a caller that waited sets it too: others may still be
 -- waiting, and its own release must wake the next of them.
--- Returns {2} for a re-entry (depth > 0) whose token no longer holds the lock
+-- Returns {2} for a re-entry (ARGV[3] > 0) whose token no longer holds the lock
 -- (its lease ran out, or it was force-released): nothing is granted.
 -- Returns {3} for a token already released or given up (a late copy of a try
 -- whose caller gave the lock back): nothing is granted.

@@ -8,7 +8,7 @@
 --         after it was created)
 -- KEYS[5] held-locks index (zset lock key -> lease end)
 -- ARGV[1] token
--- ARGV[2] depth: how many times the token holds the lock (1 unless reentrant)
+-- ARGV[2] count: how many times the token holds the lock (1 unless reentrant)
 -- ARGV[3] how long the wake-up signal waits for a waiter, ms
 -- ARGV[4] how long the released-tokens list lives once created, ms (one lease)
 -- ARGV[5] how many released tokens are remembered
@@ -48,11 +48,11 @@ if not record or (cut and string.sub(record, 1, cut - 1) or record) ~= ARGV[1] t
   end
   return 0
 end
-local depth = tonumber(ARGV[2])
-if depth > 1 then
+local count = tonumber(ARGV[2])
+if count > 1 then
   local fence, rest = string.match(record, '^[^\n]*\n([^\n]*)\n[^\n]*\n(.*)$')
   if fence then
-    redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. fence .. '\n' .. (depth - 1) .. '\n' .. rest,
+    redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. fence .. '\n' .. (count - 1) .. '\n' .. rest,
       'KEEPTTL')
   end
   return 2

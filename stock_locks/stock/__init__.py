@@ -12,11 +12,9 @@ Strategies are registered by name in ``STOCK_LOCKS["STRATEGIES"]`` (dotted paths
 
 from __future__ import annotations
 
-from django.utils.module_loading import import_string
-
-from ..conf import settings
 from .base import StockStrategy
 from .cart import normalize_cart
+from .registry import get_strategy, strategy_names
 from .sync import restock, stock_changed
 
 __all__ = [
@@ -27,22 +25,3 @@ __all__ = [
     "stock_changed",
     "strategy_names",
 ]
-
-
-def strategy_names() -> list[str]:
-    return list(settings.STRATEGIES)
-
-
-def get_strategy(name: str | None = None) -> StockStrategy:
-    """A new strategy object by name (default ``STOCK_LOCKS["STRATEGY"]``).
-
-    Raises ``ValueError`` for a name that is not registered.
-    """
-    name = name or settings.STRATEGY
-    try:
-        path = settings.STRATEGIES[name]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown stock strategy {name!r}; choose one of {', '.join(settings.STRATEGIES)}"
-        ) from None
-    return import_string(path)(name=name)

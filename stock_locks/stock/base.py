@@ -15,14 +15,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, connection, connections, router, transaction
+from django.db import IntegrityError, connections, router, transaction
 
-from .. import metrics
-from ..connection import REDIS_OR_OS_ERRORS
+from .. import metrics, scripts
+from ..backends.redis.client import get_redis
+from ..backends.redis.errors import REDIS_OR_OS_ERRORS
 from ..exceptions import OutOfStock
+from ..keys import StockKeys
 from ..models import Reservation
 from . import expiry
 from .cart import Cart, check_order_ref, check_ttl, normalize_cart
+from .clock import server_clock_ms
 from .ledger import (
     commit_in_db,
     existing_reservation,
@@ -30,7 +33,9 @@ from .ledger import (
     release_in_db,
     repeat_of,
 )
-from .table import StockModel
+from .registry import get_strategy
+from .soldout import units_back
+from .table import StockTable
 
 log = logging.getLogger("stock_locks.stock")
 
@@ -51,7 +56,7 @@ class StockStrategy(ABC):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.stock = StockModel()
+        self.stock = StockTable()
 
     def reserve(
         self, order_ref: str, cart: Mapping[str, int], *, ttl: float | None = None
@@ -74,9 +79,9 @@ class StockStrategy(ABC):
         (nothing reserved; a retry with the same ref is safe). Blocks at most
         for the strategy's lock or retry budget.
         """
-        ref, lines, ttl_ms = self.checked(order_ref, cart, ttl)
-        with self.deciding(ref):
-            return self.reserved(self.do_reserve(ref, lines, ttl_ms), ttl_ms)
+        ref, lines, ttl_ms = self.validate(order_ref, cart, ttl)
+        with self.counting_refusals(ref):
+            return self.after_reserve(self.do_reserve(ref, lines, ttl_ms), ttl_ms)
 
     def warm_up(self) -> None:
         """Open what this strategy uses in this process now (its database connection,
@@ -86,13 +91,11 @@ class StockStrategy(ABC):
         metrics.prepare()
         connections[router.db_for_write(Reservation)].ensure_connection()
         if self.uses_redis:
-            from ..connection import get_redis
-
             get_redis().ping()
 
-    def deciding(self, order_ref: str) -> Deciding:
+    def counting_refusals(self, order_ref: str) -> RefusalCounter:
         """Around a reserve's decision: record its refusal (metrics, ``stock_refused``)."""
-        return Deciding(self.name, order_ref)
+        return RefusalCounter(self.name, order_ref)
 
     async def areserve(
         self, order_ref: str, cart: Mapping[str, int], *, ttl: float | None = None
@@ -103,14 +106,14 @@ class StockStrategy(ABC):
         return await sync_to_async(self.reserve)(order_ref, cart, ttl=ttl)
 
     @staticmethod
-    def checked(
+    def validate(
         order_ref: str, cart: Mapping[str, int], ttl: float | None
     ) -> tuple[str, Cart, int | None]:
         """(order ref, normalized lines, ttl in ms) of a reserve; InvalidQuantity or
         ReservationError for bad input (no I/O)."""
         return check_order_ref(order_ref), normalize_cart(cart), check_ttl(ttl)
 
-    def reserved(self, reservation: Reservation, ttl_ms: int | None) -> Reservation:
+    def after_reserve(self, reservation: Reservation, ttl_ms: int | None) -> Reservation:
         """After a reserve: record it, schedule a new reservation's expiry."""
         metrics.reserved(self.name, reservation.created, reservation.retries)
         if reservation.created and ttl_ms is not None:
@@ -202,11 +205,6 @@ class StockStrategy(ABC):
         Redis being down makes it miss, the sweeper corrects."""
         if self.has_counters:
             return
-        from .. import scripts
-        from ..connection import get_redis
-        from ..keys import StockKeys
-        from .soldout import units_back
-
         keys = StockKeys()
         counters = [keys.counter(sku) for sku in lines]
         args = [value for sku, qty in lines.items() for value in (sku, "", sign * qty)]
@@ -226,8 +224,8 @@ class StockStrategy(ABC):
         """Units of ``sku`` that can be reserved now."""
 
 
-class Deciding:
-    """:meth:`StockStrategy.deciding` (a class, not a generator: a refusal passes
+class RefusalCounter:
+    """:meth:`StockStrategy.counting_refusals` (a class, not a generator: a refusal passes
     through it on every sold-out attempt of a sale)."""
 
     __slots__ = ("strategy", "order_ref")
@@ -250,8 +248,6 @@ def strategy_of(reservation: Reservation, default: StockStrategy) -> StockStrate
     when that name is no longer registered)."""
     if reservation.strategy == default.name:
         return default
-    from . import get_strategy
-
     try:
         return get_strategy(reservation.strategy)
     except ValueError:
@@ -263,20 +259,3 @@ def strategy_of(reservation: Reservation, default: StockStrategy) -> StockStrate
             default.name,
         )
         return default
-
-
-def server_clock_ms() -> int:
-    """Now in ms since the epoch, from the Redis server (the database's when Redis is down)."""
-    from ..connection import get_redis
-
-    try:
-        seconds, micros = get_redis().time()
-        return seconds * 1000 + micros // 1000
-    except REDIS_OR_OS_ERRORS as exc:  # Redis down: the database server's clock, never ours
-        log.warning("Redis clock unreachable (%s); using the database's", exc)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT CURRENT_TIMESTAMP")
-            now = cursor.fetchone()[0]
-        if isinstance(now, str):  # SQLite answers text, in UTC
-            now = dt.datetime.fromisoformat(now).replace(tzinfo=dt.UTC)
-        return int(now.timestamp() * 1000)

@@ -24,15 +24,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connection
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import scripts
-from ..backends import get_backend
-from ..backends.redis import RedisBackend, backend_for_client
+from ..backends.redis.backend import shared_backend
+from ..backends.redis.errors import REDIS_FAILURES
+from ..backends.redis.requests import Command, Requests, script
 from ..conf import settings
-from ..connection import CLUSTER_UNAVAILABLE_ERRORS, REDIS_ERRORS, get_redis
-from ..exceptions import InvalidQuantity, OutOfStock, RedisUnavailable, StaleFencingToken
+from ..exceptions import InvalidQuantity, OutOfStock, StaleFencingToken
 from ..keys import StockKeys
 from ..models import Reservation
 from . import groupcommit
@@ -40,28 +38,13 @@ from .base import StockStrategy
 from .cart import Cart
 from .groupcommit import Confirmation, GroupCommit
 from .ledger import existing_reservation, held_for, repeat_of
+from .reconcile.restore import load_missing_counters, restore_after_data_loss
 from .soldout import units_back
 
 log = logging.getLogger("stock_locks.stock")
 
-# Redis cannot be reached, or (a cluster changing hands) cannot answer yet.
-REDIS_DOWN: tuple[type[Exception], ...] = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    *CLUSTER_UNAVAILABLE_ERRORS,
-)
 # stock_release.lua's replies
 RELEASED, NO_RECORD, DATA_LOST = 1, 0, 4
-
-
-def stock_backend() -> RedisBackend:
-    """The Redis backend around the client the stock strategies use (:func:`get_redis`'s),
-    whose asyncio transport runs their Redis half under asyncio."""
-    client = get_redis()
-    default = get_backend()
-    if isinstance(default, RedisBackend) and default.client is client:
-        return default
-    return backend_for_client(client)
 
 
 class RedisStockStrategy(StockStrategy):
@@ -71,7 +54,8 @@ class RedisStockStrategy(StockStrategy):
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
-        self.redis = get_redis()
+        self.backend = shared_backend()
+        self.redis = self.backend.client
         self.keys = StockKeys()
         self.group_commit = GroupCommit(self.redis, self.keys, self.stock)
 
@@ -91,11 +75,7 @@ class RedisStockStrategy(StockStrategy):
 
     def do_reserve(self, order_ref: str, lines: Cart, ttl_ms: int | None) -> Reservation:
         job = Confirmation(order_ref, lines, self.name, ttl_ms) if settings.GROUP_COMMIT else None
-        try:
-            took, now_ms, retries, joined = self.reserve_in_redis(order_ref, lines, job)
-        except REDIS_DOWN as exc:
-            # The script may have run: a retry with this order ref finds its record.
-            raise RedisUnavailable(f"Redis unreachable, nothing reserved: {exc}") from exc
+        took, now_ms, retries, joined = self.reserve_in_redis(order_ref, lines, job)
         return self.reserve_in_database(
             order_ref, lines, ttl_ms, took, now_ms, retries, job=job, joined=joined
         )
@@ -172,7 +152,7 @@ class RedisStockStrategy(StockStrategy):
         reached, the record stays and the sweeper gives its units back."""
         try:
             self.release_in_redis(order_ref, lines)
-        except REDIS_ERRORS as exc:
+        except REDIS_FAILURES as exc:
             log.warning(
                 "could not give back %s for %r in Redis (%s); the sweeper will",
                 lines,
@@ -190,14 +170,14 @@ class RedisStockStrategy(StockStrategy):
             self.keys.versions,
             *map(self.keys.counter, skus),
         ]
-        outcome = scripts.STOCK_RELEASE(keys, [order_ref, *skus], client=self.redis)
+        outcome: int = self.backend.run(script(scripts.STOCK_RELEASE, keys, [order_ref, *skus]))
         units_back(skus)
         return outcome
 
     def after_release(self, reservation: Reservation, released_now: bool) -> None:
         try:
             self.release_in_redis(reservation.order_ref, reservation.lines)
-        except REDIS_ERRORS as exc:
+        except REDIS_FAILURES as exc:
             log.warning(
                 "released %r in the database; Redis unreachable (%s), the sweeper gives "
                 "its units back there",
@@ -208,8 +188,8 @@ class RedisStockStrategy(StockStrategy):
     def after_commit(self, reservation: Reservation) -> None:
         keys = [self.keys.record(reservation.order_ref), self.keys.index]
         try:
-            scripts.STOCK_COMMIT(keys, [reservation.order_ref], client=self.redis)
-        except REDIS_ERRORS as exc:
+            self.backend.run(script(scripts.STOCK_COMMIT, keys, [reservation.order_ref]))
+        except REDIS_FAILURES as exc:
             # Harmless: the sweeper closes the record; a release is refused by the database.
             log.warning(
                 "committed %r; its Redis record stays until the sweeper: %s",
@@ -218,27 +198,25 @@ class RedisStockStrategy(StockStrategy):
             )
 
     def available(self, sku: str) -> int:
-        try:
-            value = self.redis.get(self.keys.counter(sku))
-            if value is None:
-                return self.load_counters([sku])[sku]
-        except REDIS_DOWN as exc:
-            raise RedisUnavailable(f"Redis unreachable: {exc}") from exc
+        key = self.keys.counter(sku)
+        value = self.backend.run(self._read(key))
+        if value is None:
+            return self.load_counters([sku])[sku]
         return int(value)
+
+    @staticmethod
+    def _read(key: str) -> Requests[Any]:
+        return (yield Command(("GET", key), key))
 
     def load_counters(self, skus: list[str]) -> dict[str, int]:
         """Create missing counters from the database; their values now.
 
         Raises :class:`InvalidQuantity` for a SKU the database does not have.
         """
-        from .reconcile import load_missing_counters
-
         values = load_missing_counters(skus, self.redis)
         log.info("loaded stock counters from the database: %s", values)
         return values
 
     def restore_after_data_loss(self) -> None:
         """Redis lost its data: rebuild what the counters need from the database."""
-        from .reconcile import restore_after_data_loss
-
         restore_after_data_loss(self.redis)

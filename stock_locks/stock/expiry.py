@@ -18,12 +18,14 @@ import datetime as dt
 import logging
 
 from .. import metrics
+from ..backends.redis.errors import REDIS_ERRORS
 from ..conf import settings
-from ..connection import REDIS_ERRORS
 from ..delayqueue import DelayQueue, handler
 from ..exceptions import RedisUnavailable, ReservationError
 from ..models import Reservation
 from ..signals import reservation_expired
+from .clock import server_clock_ms
+from .registry import get_strategy
 
 log = logging.getLogger("stock_locks.stock.expiry")
 
@@ -79,9 +81,6 @@ def expire_reservation(order_ref: str, now: dt.datetime | None = None) -> bool:
     Safe to call twice and to race a payment: the release is decided under
     the row's lock, so only one caller releases.
     """
-    from . import get_strategy
-    from .base import server_clock_ms
-
     if now is None:
         now = dt.datetime.fromtimestamp(server_clock_ms() / 1000, tz=dt.UTC)
     reservation = Reservation.objects.filter(order_ref=order_ref).first()

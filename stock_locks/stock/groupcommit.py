@@ -10,7 +10,7 @@ script of its own for ``watch``); a caller that finds no one leading leads: it
 writes its own reservation alone, as without this module, then hands the lead
 to the caller at the head of the queue. That caller takes the queued
 reservations (its own first) as a batch, writes them in one transaction
-(:meth:`~stock_locks.stock.table.StockModel.take_and_record_many`), answers each
+(:meth:`~stock_locks.stock.table.StockTable.take_and_record_many`), answers each
 caller on its reply list and hands the lead on in turn
 (``stock_confirm_pass.lua``). While one batch commits, the next one queues.
 
@@ -40,15 +40,15 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, connections, router
 
 from .. import scripts
+from ..backends.redis.errors import REDIS_ERRORS
+from ..backends.redis.wakeup import wait_for_item
 from ..conf import settings
-from ..connection import REDIS_ERRORS
 from ..exceptions import StockLocksError
 from ..keys import StockKeys
 from ..models import Reservation
-from ..wakeup import wait_for_item
 from .cart import Cart
 from .ledger import held_for
-from .table import StockModel, recorded
+from .table import StockTable, recorded
 
 log = logging.getLogger("stock_locks.stock")
 
@@ -127,7 +127,7 @@ def applies() -> bool:
 class GroupCommit:
     """The group commit of one Redis client's stock keys."""
 
-    def __init__(self, redis: Any, keys: StockKeys, stock: StockModel) -> None:
+    def __init__(self, redis: Any, keys: StockKeys, stock: StockTable) -> None:
         self.redis = redis
         self.keys = keys
         self.stock = stock

@@ -104,7 +104,7 @@ def mark(reservation: Reservation, status: str) -> None:
 
 def release_in_db(stock, order_ref: str) -> tuple[Reservation, bool]:
     """Mark the reservation RELEASED and put its units back (``stock`` is the
-    :class:`~stock_locks.stock.table.StockModel`), in one transaction.
+    :class:`~stock_locks.stock.table.StockTable`), in one transaction.
 
     Returns the reservation and whether it was released by this call.
     """

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 
 from django.core.exceptions import ImproperlyConfigured
 
+from ..backends.redis.errors import REDIS_ERRORS
 from ..conf import settings
-from ..connection import REDIS_ERRORS
 from ..exceptions import BackendUnavailable, LockNotOwned, LockTimeout, RedisUnavailable
 from ..locks import Lock
 from ..models import Reservation

@@ -10,19 +10,19 @@ the error surfaces.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from asgiref.sync import sync_to_async
 
 from .. import scripts
-from ..backends.redis import Eval, Requests, Tool
-from ..exceptions import OutOfStock, RedisUnavailable, StockLocksError
-from ..lease import arun, run
+from ..backends.redis.requests import Blocking, Requests, script
+from ..exceptions import OutOfStock, StockLocksError
 from ..models import Reservation
 from . import groupcommit
 from .cart import Cart
-from .counters import REDIS_DOWN, RedisStockStrategy, stock_backend
+from .counters import RedisStockStrategy
 from .groupcommit import Confirmation
 from .soldout import cache_for
 
@@ -56,12 +56,7 @@ class LuaStrategy(RedisStockStrategy):
         """(The script joins the group commit for ``job`` in the same round trip. A
         refusal this process already knows is answered before, by ``do_reserve`` and
         ``areserve``; this asks Redis.)"""
-        return run(self._reserve_steps(order_ref, lines, job), self._perform)
-
-    def _perform(self, request: Any) -> Any:
-        if type(request) is Eval:
-            return request.script(request.keys, request.argv, client=self.redis)
-        return request.function(self.redis)
+        return self.backend.run(self._reserve_steps(order_ref, lines, job))
 
     def _reserve_steps(
         self, order_ref: str, lines: Cart, job: Confirmation | None = None
@@ -77,7 +72,7 @@ class LuaStrategy(RedisStockStrategy):
         for _ in range(MAX_LOADS):
             ticket = sold_out.ticket() if sold_out is not None else None
             join = job.join_args() if job is not None and groupcommit.applies() else []
-            reply = yield Eval(scripts.STOCK_RESERVE, keys, [*argv, *join])
+            reply = yield from script(scripts.STOCK_RESERVE, keys, [*argv, *join])
             code = reply[0]
             if code in (RESERVED, ALREADY_RESERVED):
                 joined = reply[2] if len(reply) > 2 else None
@@ -89,10 +84,10 @@ class LuaStrategy(RedisStockStrategy):
                 raise OutOfStock(sku, lines[sku], avail)
             # (rare, and bound to the database: under asyncio these run in a thread)
             if code == DATA_LOST:
-                yield Tool(lambda _client: self.restore_after_data_loss())
+                yield Blocking(self.restore_after_data_loss)
             else:
                 missing = [skus[i - 1] for i in reply[1:]]
-                yield Tool(lambda _client, skus=missing: self.load_counters(skus))  # type: ignore[misc]
+                yield Blocking(functools.partial(self.load_counters, missing))
         raise StockLocksError(f"stock counters for {skus} keep disappearing (evicted?)")
 
     async def areserve(
@@ -101,21 +96,14 @@ class LuaStrategy(RedisStockStrategy):
         """:meth:`reserve` for async views: the Redis half runs on the event loop (a
         refusal, most of a flash sale, never leaves it), the database half in
         Django's thread for sync code (``sync_to_async``: ``atomic`` is sync)."""
-        ref, lines, ttl_ms = self.checked(order_ref, cart, ttl)
-        from ..aio.redis import transport_for
-
-        try:
-            with self.deciding(ref):
-                self._known_short(lines)
-                took, now_ms, retries, _ = await arun(
-                    self._reserve_steps(ref, lines), transport_for(stock_backend()).perform
-                )
-        except REDIS_DOWN as exc:
-            raise RedisUnavailable(f"Redis unreachable, nothing reserved: {exc}") from exc
+        ref, lines, ttl_ms = self.validate(order_ref, cart, ttl)
+        with self.counting_refusals(ref):
+            self._known_short(lines)
+            took, now_ms, retries, _ = await self.backend.arun(self._reserve_steps(ref, lines))
 
         def in_database() -> Reservation:
-            with self.deciding(ref):
+            with self.counting_refusals(ref):
                 reservation = self.reserve_in_database(ref, lines, ttl_ms, took, now_ms, retries)
-            return self.reserved(reservation, ttl_ms)
+            return self.after_reserve(reservation, ttl_ms)
 
         return await sync_to_async(in_database)()

@@ -44,8 +44,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from ..backends.redis.cluster import is_cluster
 from ..conf import settings
-from ..connection import is_cluster
 from .cart import Cart
 
 log = logging.getLogger("stock_locks.stock")

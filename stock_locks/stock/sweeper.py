@@ -24,12 +24,15 @@ import datetime as dt
 import logging
 from dataclasses import dataclass, field
 
+from ..backends.redis.client import get_redis
+from ..backends.redis.errors import REDIS_ERRORS, REDIS_FAILURES
+from ..backends.redis.protocol import decoded
 from ..conf import settings
-from ..connection import REDIS_ERRORS, decoded, get_redis
 from ..exceptions import BackendUnavailable, LockError, RedisUnavailable, StockLocksError
 from ..keys import StockKeys
+from ..locks import Lock
 from . import reconcile
-from .base import server_clock_ms
+from .clock import server_clock_ms
 from .expiry import expire_reservation, overdue
 
 log = logging.getLogger("stock_locks.stock.sweeper")
@@ -74,8 +77,6 @@ def sweep(*, grace: float | None = None, orphan_grace: float | None = None) -> S
     strategies that do not need Redis) still runs, and the rest waits for the
     next run.
     """
-    from ..locks import Lock
-
     result = SweepResult()
     grace = settings.SWEEP_GRACE if grace is None else grace
     now = dt.datetime.fromtimestamp(server_clock_ms() / 1000, tz=dt.UTC)
@@ -129,6 +130,6 @@ def _repair_redis(result: SweepResult, client, orphan_grace: float | None) -> No
             )
             client.hset(keys.loaded, "run_id", run_id)
         result.repair = reconcile.repair(orphan_grace=orphan_grace)
-    except REDIS_ERRORS as exc:
+    except REDIS_FAILURES as exc:
         result.errors.append(f"Redis: {exc}")
         log.warning("sweeper: Redis unreachable, stock repairs wait for the next run: %s", exc)

@@ -24,15 +24,19 @@ import time
 from typing import Any
 
 from django.db import models, transaction
+from django.db.models.signals import post_delete, post_save
 
+from .. import scripts
+from ..backends.redis.client import get_redis
+from ..backends.redis.errors import REDIS_ERRORS
 from ..conf import settings
-from ..connection import REDIS_ERRORS, get_redis
 from ..exceptions import InvalidQuantity, OutOfStock
 from ..keys import StockKeys
 from .cart import check_text, unknown_sku
-from .reconcile import load_missing_counters
+from .reconcile.repair import correct_counters
+from .reconcile.restore import load_missing_counters
 from .soldout import units_back
-from .table import StockModel
+from .table import StockTable
 
 log = logging.getLogger("stock_locks.stock.sync")
 
@@ -53,7 +57,7 @@ def restock(sku: str, units: int) -> int:
     check_text(sku, "a SKU", 100)
     if isinstance(units, bool) or not isinstance(units, int) or units == 0:
         raise InvalidQuantity(f"units must be a non-zero integer, got {units!r}", sku=sku)
-    stock = StockModel()
+    stock = StockTable()
     try:
         # Loaded first: a counter a lazy loader sets after our write would already
         # hold it, and our INCRBY below would count it twice.
@@ -79,8 +83,6 @@ def restock(sku: str, units: int) -> int:
 
 
 def _incr_if_loaded(sku: str, units: int) -> None:
-    from .. import scripts
-
     keys = StockKeys()
     scripts.STOCK_CORRECT([keys.versions, keys.counter(sku)], [sku, "", units], client=get_redis())
     if units > 0:
@@ -91,8 +93,6 @@ def stock_changed(*skus: str) -> bool:
     """Bring the counters of ``skus`` in line with the database after a write the
     strategies did not make. True when every counter is in line (or not loaded);
     False when a SKU kept moving and is left to the sweeper. Safe during sales."""
-    from .reconcile import correct_counters
-
     pending = sorted(set(skus))
     for attempt in range(SYNC_ATTEMPTS):
         try:
@@ -122,7 +122,5 @@ def connect_signals() -> None:
     Connected for every sender and filtered by ``STOCK_MODEL`` at each call, so
     a settings change (tests, ``override_settings``) is followed too.
     """
-    from django.db.models.signals import post_delete, post_save
-
     post_save.connect(_after_save, dispatch_uid="stock_locks.stock_saved")
     post_delete.connect(_after_save, dispatch_uid="stock_locks.stock_deleted")

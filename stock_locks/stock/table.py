@@ -21,13 +21,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, models, router, transaction
 
 from ..conf import settings
-from ..exceptions import OutOfStock, StaleFencingToken
+from ..exceptions import OutOfStock
+from ..fencing import stale
 from ..models import Reservation
 from .cart import Cart, unknown_sku
 from .ledger import new_reservation
 
 
-class StockModel:
+class StockTable:
     """The configured stock model and its fields, with the queries strategies share."""
 
     def __init__(self) -> None:
@@ -87,12 +88,7 @@ class StockModel:
         if row is None:
             return unknown_sku(sku)
         if fences is not None and row["fence"] > fences[sku]:
-            return StaleFencingToken(
-                f"{self.model.__name__} {sku!r}: fence {fences[sku]} is older than "
-                f"stored {row['fence']}",
-                fence=fences[sku],
-                current=row["fence"],
-            )
+            return stale(f"{self.model.__name__} {sku!r}", fences[sku], row["fence"])
         return OutOfStock(sku, qty, row[self.qty])
 
     def take_and_record(

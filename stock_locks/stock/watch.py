@@ -24,8 +24,9 @@ from typing import Any
 
 from redis.exceptions import WatchError
 
+from ..backends.redis.cluster import on_node
+from ..backends.redis.errors import UNAVAILABLE_ERRORS, unavailable
 from ..conf import settings
-from ..connection import on_node
 from ..exceptions import ContentionError, OutOfStock, StockLocksError
 from .cart import Cart
 from .counters import RedisStockStrategy
@@ -44,7 +45,11 @@ class WatchStrategy(RedisStockStrategy):
         def attempt(node: Any) -> tuple[bool, int, int]:
             return self._reserve(node, order_ref, lines)
 
-        return (*on_node(self.redis, self.keys.loaded, attempt), None)
+        try:
+            return (*on_node(self.redis, self.keys.loaded, attempt), None)
+        except UNAVAILABLE_ERRORS as exc:
+            # The EXEC may have run: a retry with this order ref finds its record.
+            raise unavailable(exc, self.backend.alias) from exc
 
     def _reserve(self, client: Any, order_ref: str, lines: Cart) -> tuple[bool, int, int]:
         k = self.keys

@@ -26,8 +26,8 @@ import pytest
 from stock_locks import Lock
 from stock_locks.exceptions import LockNotOwned, LockNotReplicated, RedisUnavailable
 from stock_locks.keys import StockKeys
-from stock_locks.locks import inspect
 from stock_locks.models import Reservation
+from stock_locks.operations import inspect
 from stock_locks.stock import get_strategy
 from stock_locks.stock.reconcile import measure
 from stock_locks.stock.sweeper import sweep

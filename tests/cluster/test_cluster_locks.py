@@ -20,8 +20,8 @@ import pytest
 
 from stock_locks import FairSemaphore, Lock, Semaphore
 from stock_locks.backends import get_backend
-from stock_locks.connection import get_redis
-from stock_locks.locks import force_release, inspect, release_held_by
+from stock_locks.backends.redis import get_redis
+from stock_locks.operations import force_release, inspect, release_held_by
 from tests.support.redis_cluster import RedisClusterServers
 from tests.support.redis_stats import blocked_clients, redis_ms
 from tests.support.waiting import TIMEOUT, wait_until
@@ -65,7 +65,7 @@ def test_the_default_backend_is_the_cluster_configured_by_location(redis_cluster
     from redis.cluster import RedisCluster
 
     backend = get_backend()
-    assert backend.location.startswith("redis://127.0.0.1:")
+    assert backend.options.location.startswith("redis://127.0.0.1:")
     assert isinstance(backend.client, RedisCluster)
     assert get_redis() is backend.client  # the stock, queue and dashboard features' client too
 

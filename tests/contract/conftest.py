@@ -108,7 +108,7 @@ def _skip_unless_capable(request: pytest.FixtureRequest, alias: str, kind: str, 
     wanted = [c for mark in request.node.iter_markers("requires") for c in mark.args]
     if mode == "async":
         wanted.append(ASYNCIO)
-    unknown = sorted(set(wanted) - ALL_CAPABILITIES)
+    unknown = [c for c in wanted if c not in ALL_CAPABILITIES]
     if unknown:
         raise AssertionError(f"@requires names unknown capabilities {unknown}")
     declared = get_backend(alias).capabilities
@@ -116,7 +116,7 @@ def _skip_unless_capable(request: pytest.FixtureRequest, alias: str, kind: str, 
     if missing:
         pytest.skip(
             f"backend {kind} ({type(get_backend(alias)).__name__}) does not declare "
-            f"capability {', '.join(missing)}"
+            f"capability {', '.join(str(c.name).lower() for c in missing)}"
         )
 
 

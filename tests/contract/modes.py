@@ -195,7 +195,7 @@ def waiting_in(thread: threading.Thread, operation: str) -> bool:
             if frame is None:
                 return False
             if frame.f_code.co_name == "aexecute":
-                call = frame.f_locals.get("call")
+                call = frame.f_locals.get("pending")
                 if getattr(call, "verb", None) == operation:
                     return True
             awaited = awaited.cr_await

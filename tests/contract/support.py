@@ -9,7 +9,9 @@ base interface names for it (``lock_wait``, ``semaphore_wait``).
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -21,7 +23,10 @@ import pytest
 from django.conf import settings as django_settings
 from django.test import override_settings
 
+import stock_locks
+from stock_locks import aio
 from tests.contract import modes
+from tests.support.fault_proxy import Interrupted, raise_interrupted
 from tests.support.waiting import TIMEOUT, wait_until
 
 
@@ -30,6 +35,18 @@ def requires(*capabilities: str) -> pytest.MarkDecorator:
     ``stock_locks.backends.base``); the ``backend`` fixture skips it on a backend
     whose ``capabilities`` lack one, naming it."""
     return pytest.mark.requires(*capabilities)
+
+
+@pytest.fixture(params=modes.MODES)
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Each execution mode, for a test that configures its own backend (the ``backend``
+    fixture's kinds do not fit it): ``tests.contract.modes``' primitives follow it."""
+    monkeypatch.setenv(modes.MODE_ENV, request.param)
+    try:
+        yield request.param
+    finally:
+        if request.param == "async":
+            modes.close_async_resources()
 
 
 def backends_setting() -> dict[str, Any]:
@@ -54,7 +71,7 @@ def sleeping_in(thread: threading.Thread, operation: str) -> bool:
     frame = sys._current_frames().get(thread.ident or -1)
     while frame is not None:
         if frame.f_code.co_name == "execute":
-            call = frame.f_locals.get("call")
+            call = frame.f_locals.get("pending")
             if getattr(call, "verb", None) == operation:
                 return True
         frame = frame.f_back
@@ -74,6 +91,73 @@ def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, result
+
+
+def interrupted_acquire(
+    name: str, *, backend: str, sent: Callable[[], bool], ttl: float = 300
+) -> BaseException:
+    """Acquire ``name`` on a Redis backend in the current mode and interrupt it once
+    ``sent()`` is true (its try ran on the server and the reply is still on its way)
+    and it waits for that reply: in the sync mode by a signal whose handler raises in
+    the main thread (inside redis-py's read of the reply), as Ctrl-C or a Celery soft
+    time limit does; in the async mode by cancelling its task. The exception the
+    acquire ended with (it gave back what it may hold first); it must not return."""
+    if modes.mode() == "async":
+        return modes.loop_thread().submit(_cancelled_acquire(name, backend, sent, ttl))
+    main, main_ident = threading.main_thread(), threading.main_thread().ident
+    assert threading.current_thread() is main and main_ident, "a signal interrupts the main thread"
+    lock = stock_locks.Lock(name, ttl=ttl, backend=backend)
+    acquiring = threading.Event()
+
+    def interrupt() -> None:
+        wait_until(
+            lambda: (sent() and _reading_a_reply(main_ident)) or not acquiring.is_set(),
+            what=f"the try of {name!r} sent, its caller reading the reply",
+        )
+        if acquiring.is_set():
+            signal.pthread_kill(main_ident, signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, raise_interrupted)
+    acquiring.set()
+    watcher, result = in_thread(interrupt)
+    try:
+        try:
+            granted = lock.acquire()
+        except Interrupted as exc:
+            return exc
+        finally:
+            acquiring.clear()
+        raise AssertionError(f"the interrupted acquire returned {granted!r}")
+    finally:
+        joined(watcher, result)
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def _reading_a_reply(ident: int) -> bool:
+    """Whether thread ``ident`` is inside redis-py's parser, reading a reply."""
+    frame = sys._current_frames().get(ident)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "read_response" and "_parsers" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+async def _cancelled_acquire(
+    name: str, backend: str, sent: Callable[[], bool], ttl: float
+) -> BaseException:
+    task = asyncio.create_task(aio.Lock(name, ttl=ttl, backend=backend).acquire())
+    # (the predicate may block on I/O: in a worker thread, the loop keeps running)
+    await asyncio.to_thread(
+        wait_until, lambda: sent() or task.done(), what=f"the try of {name!r} sent"
+    )
+    task.cancel()
+    try:
+        granted = await task
+    except asyncio.CancelledError as exc:
+        return exc
+    raise AssertionError(f"the cancelled acquire returned {granted!r}")
 
 
 def child_signalled(signal: Any, process: Any) -> None:

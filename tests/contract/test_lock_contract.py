@@ -18,10 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from stock_locks.backends.base import FENCED, FORCE_RELEASE, HOLDER_METADATA, LEASED, WAKE_UP
+from stock_locks.backends.base import (
+    FENCED,
+    FORCE_RELEASE,
+    HOLDER_METADATA,
+    LEASED,
+    WAKE_UP,
+    ReleaseOutcome,
+)
 from stock_locks.exceptions import LockError, LockNotOwned, LockTimeout, StaleFencingToken
 from stock_locks.fencing import fenced_update
-from stock_locks.locks import RELEASED, force_release, inspect
+from stock_locks.operations import force_release, inspect
 from tests.contract.modes import Lock, locked
 from tests.contract.support import (
     backends_configured,
@@ -37,6 +44,8 @@ from tests.contract.support import (
 from tests.inventory.models import Item
 from tests.support.processes import event, run_in_processes, start_process
 from tests.support.waiting import TIMEOUT, wait_until
+
+RELEASED = ReleaseOutcome.RELEASED
 
 # -- grant and mutual exclusion ----------------------------------------------------------
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from stock_locks.connection import get_redis
+from stock_locks.backends.redis import get_redis
 from stock_locks.delayqueue import handler
 
 COUNT_TASK = "tests.dq.count"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from demo_shop.shop.plot import flash_sale_png
-from stock_locks.stress import StressResult
+from stock_locks.stock.stress import StressResult
 from tests.support.processes import child_environment
 from tests.support.redis_servers import free_port
 from tests.support.waiting import TIMEOUT, wait_until

@@ -15,7 +15,7 @@ from django.core.management import CommandError
 from demo_shop.shop.expiry import forget_stress_orders
 from demo_shop.shop.models import Order, Product
 from stock_locks.models import Reservation
-from stock_locks.stress import stress_cleanup
+from stock_locks.stock.stress import stress_cleanup
 from tests.support.stress_runs import assert_left_nothing, redis_state, stress, watching_cleanup
 
 NAME = ("--field", "name=Stress {sku}")  # Product.name is required and has no default

@@ -11,7 +11,7 @@ from redis.retry import Retry
 
 from stock_locks import Lock, scripts
 from stock_locks.exceptions import LockNotOwned
-from stock_locks.locks import force_release
+from stock_locks.operations import force_release
 from tests.support.fault_proxy import RETRIES
 
 

@@ -14,7 +14,7 @@ import pytest
 from django.test import override_settings
 
 from stock_locks import RedLock
-from stock_locks.backends.redis import token_of
+from stock_locks.backends.redis.protocol import token_of
 from stock_locks.exceptions import RedisUnavailable, StaleFencingToken
 from stock_locks.fencing import fenced_update
 from stock_locks.keys import lock_keys
@@ -172,7 +172,7 @@ def test_watchdog_renewals_on_masters_that_lost_their_scripts(redlock):
     from types import SimpleNamespace
 
     from stock_locks.backends import get_backend
-    from stock_locks.lease import Call
+    from stock_locks.backends.base import call
 
     locks = [RedLock(f"order:{n}", ttl=30) for n in (15, 16)]
     for lock in locks:
@@ -180,11 +180,11 @@ def test_watchdog_renewals_on_masters_that_lost_their_scripts(redlock):
     for server in redlock:
         server.client().script_flush()  # as after a restart: EVALSHA answers NOSCRIPT
     renewals = [
-        SimpleNamespace(name=lock.name, keys=lock.keys, token=lock.token, ttl_ms=60_000,
-                        max_hold_ms=0)
+        SimpleNamespace(spec=lock.spec, token=lock.token, ttl_ms=60_000, max_hold_ms=0)
         for lock in locks
     ]  # fmt: skip
-    assert get_backend("redlock").execute(Call("renew_many", (renewals,))) == [1, 1]
+    backend = get_backend("redlock")
+    assert backend.execute(call(backend.renew_many, renewals)) == [1, 1]
     for lock in locks:
         assert 30 < lock.remaining() <= 60
         lock.release()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from stock_locks.connection import get_redis
+from stock_locks.backends.redis import get_redis
 from stock_locks.keys import StockKeys
 from stock_locks.models import Reservation
 from stock_locks.stock import get_strategy

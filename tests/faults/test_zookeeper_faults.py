@@ -18,7 +18,7 @@ import pytest
 from stock_locks import Lock
 from stock_locks.exceptions import BackendUnavailable, LockNotOwned, StaleFencingToken
 from stock_locks.fencing import claim, fenced_update
-from stock_locks.locks import inspect
+from stock_locks.operations import inspect
 from tests.contract.support import (
     backends_configured,
     backends_setting,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stock_locks.connection import get_redis
+from stock_locks.backends.redis import get_redis
 from stock_locks.delayqueue import handler
 from stock_locks.stock.expiry import expire_reservation
 

@@ -23,13 +23,13 @@ from typing import Any
 from django.db import connection
 
 from stock_locks.stock.lock import LockStrategy
-from stock_locks.stock.table import StockModel
+from stock_locks.stock.table import StockTable
 
 from .fault_processes import stop_here
 
 
 def _stock_write_pattern() -> re.Pattern:
-    stock = StockModel()
+    stock = StockTable()
     meta = stock.model._meta
     table = re.escape(meta.db_table)
     column = re.escape(meta.get_field(stock.qty).column)

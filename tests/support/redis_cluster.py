@@ -31,7 +31,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
-from stock_locks.connection import decoded
+from stock_locks.backends.redis.protocol import decoded
 
 from .redis_servers import RedisServer, free_port, redis_server_binary
 from .waiting import TIMEOUT, wait_until
@@ -302,6 +302,72 @@ class RedisClusterServers:
             promoted, timeout=timeout or self.timeout, interval=0.05, what="a manual failover"
         )
         return new
+
+    def node_id(self, server: RedisServer) -> str:
+        return decoded(self._ask(server, lambda c: c.execute_command("CLUSTER", "MYID")))
+
+    def master_of_slot(self, slot: int) -> RedisServer:
+        """The node serving ``slot`` now, as the first running node that answers sees it."""
+        for server in self.live():
+            try:
+                for start, end, port in self._cluster_slots(server):
+                    if start <= slot <= end:
+                        return self.node_on_port(port)
+            except redis.RedisError:
+                continue
+        raise LookupError(f"no running node knows who serves slot {slot}")
+
+    def move_slot(
+        self, slot: int, target: RedisServer, timeout: float | None = None
+    ) -> RedisServer:
+        """Reshard one slot to the master ``target``, the way ``redis-cli --cluster
+        reshard`` does: ``CLUSTER SETSLOT slot IMPORTING`` on the target, ``MIGRATING``
+        on the source, ``MIGRATE`` of its keys (TTLs kept), then ``CLUSTER SETSLOT slot
+        NODE target`` on every master (target first, then source). Returns the source
+        once every running node (replicas too) names the target for the slot and the
+        cluster is healthy again. A client's cached slot map is stale from then on."""
+        source = self.master_of_slot(slot)
+        if source is target:
+            return source
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        self._ask(
+            target, lambda c: c.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        )
+        self._ask(
+            source, lambda c: c.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        )
+
+        def migrate_some(client: redis.Redis) -> bool:
+            keys = client.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+            if keys:  # (TTLs travel with them)
+                client.execute_command("MIGRATE", HOST, target.port, "", 0, 5000, "KEYS", *keys)
+            return bool(keys)
+
+        while self._ask(source, migrate_some):
+            pass
+        others = [m for m in self.current_masters() if m is not source and m is not target]
+        for server in (target, source, *others):
+            self._ask(
+                server, lambda c: c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+            )
+
+        def everyone_agrees() -> bool:
+            for server in self.live():
+                try:
+                    owners = [p for a, b, p in self._cluster_slots(server) if a <= slot <= b]
+                except redis.RedisError:
+                    return False
+                if owners != [target.port]:
+                    return False
+            return self._healthy(expect_replicas=True)
+
+        wait_until(
+            everyone_agrees,
+            timeout=timeout or self.timeout,
+            interval=0.05,
+            what=f"every node to name {target.port} as the master of slot {slot}",
+        )
+        return source
 
     # -- waits --------------------------------------------------------------
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stock_locks.connection import get_redis
+from stock_locks.backends.redis import get_redis
 from stock_locks.keys import StockKeys
 from stock_locks.models import Reservation
-from stock_locks.stock.table import StockModel
+from stock_locks.stock.table import StockTable
 
 from .waiting import wait_until
 
@@ -63,7 +63,7 @@ class Book:
 
 def audit(sku: str, initial: int, restocked: int = 0) -> Book:
     """The book of ``sku``, from the stock column and the reservation rows."""
-    stock = StockModel()
+    stock = StockTable()
     level = stock.level(sku)
     units = {status: 0 for status in Reservation.Status.values}
     for status, lines in Reservation.objects.values_list("status", "lines"):
@@ -85,7 +85,7 @@ def drift() -> dict[str, int]:
     flight): once the system is quiet nothing is in flight, so a counter must
     equal the column, and a unit stuck in Redis shows.
     """
-    stock, keys = StockModel(), StockKeys()
+    stock, keys = StockTable(), StockKeys()
     levels = dict(stock.objects.values_list(stock.sku, stock.qty))
     if not levels:
         return {}

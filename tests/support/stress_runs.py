@@ -8,7 +8,7 @@ before the clean-up):
         (result,) = stress("--strategy", "lua", fields=("--field", "title=Stress"))
     seen["lua"]["sold"]                              # {sku: units} before the clean-up
 
-Stock rows are read through the configured stock model (``StockModel``), so
+Stock rows are read through the configured stock model (``StockTable``), so
 these work for the library's tests (tests/inventory) and the demo's alike.
 """
 
@@ -23,8 +23,8 @@ from io import StringIO
 from django.core.management import call_command
 
 from stock_locks.models import Reservation
-from stock_locks.stock.table import StockModel
-from stock_locks.stress import stress_cleanup
+from stock_locks.stock.stress import stress_cleanup
+from stock_locks.stock.table import StockTable
 
 RESULT_KEYS = {
     "strategy",
@@ -111,7 +111,7 @@ def watching_cleanup() -> Iterator[Seen]:
             "skus": skus,
             "created": created,
             "sold": sold,
-            "stock": StockModel().levels(skus),
+            "stock": StockTable().levels(skus),
             "reservations": rows.count(),
         }
         for step in seen.steps:
@@ -126,7 +126,7 @@ def watching_cleanup() -> Iterator[Seen]:
 
 def stress_rows():
     """The stock model's rows a run created (SKUs ``STRESS-...``)."""
-    stock = StockModel()
+    stock = StockTable()
     return stock.objects.filter(**{f"{stock.sku}__startswith": "STRESS-"})
 
 

@@ -14,7 +14,7 @@ order body (the demo: ``SHOP_STRATEGY_FROM_REQUEST=1``).
 What it leaves: nothing. After each strategy's figures are printed, whatever
 happened (success, an oversell, errors, Ctrl-C), its reservations, the rows
 it created and their Redis records, counters and expiry items are removed,
-and existing SKUs get their units back (see :mod:`stock_locks.stress`).
+and existing SKUs get their units back (see :mod:`stock_locks.stock.stress`).
 """
 
 import json as jsonlib
@@ -24,7 +24,7 @@ import threading
 from django.core.management.base import BaseCommand, CommandError
 
 from ...stock import strategy_names
-from ...stress import (
+from ...stock.stress import (
     StressConfig,
     StressError,
     StressResult,

@@ -2,11 +2,12 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...actions import audit_record
-from ...dashboard import TOKEN_SHOWN
+from ...dashboard.actions import audit_record
+from ...dashboard.snapshot import TOKEN_SHOWN
 from ...exceptions import LockError
-from ...locks import LockInfo, release_held_by
+from ...holder import LockInfo
 from ...models import AuditEntry
+from ...operations import release_held_by
 
 AUDIT_USERNAME = "manage.py release_locks"
 

@@ -4,7 +4,7 @@ import threading
 
 from django.core.management.base import BaseCommand
 
-from ...connection import REDIS_ERRORS
+from ...backends.redis.errors import REDIS_FAILURES
 from ...delayqueue import DelayQueue, QueueWaiter
 
 log = logging.getLogger("stock_locks.delayqueue")
@@ -51,7 +51,7 @@ class Command(BaseCommand):
                         break
                     waiter.wait(max_wait=IDLE_WAIT)  # wakes for due items and new earlier ones
                     backoff = ERROR_BACKOFF[0]
-                except REDIS_ERRORS as exc:
+                except REDIS_FAILURES as exc:
                     log.warning(
                         "delay queue %r: runner: %s: %s; again in %.1f s",
                         queue, type(exc).__name__, exc, backoff,

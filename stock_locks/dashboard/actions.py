@@ -2,7 +2,7 @@
 
 Every action names exactly what it displaces: a lock is force-released only
 if the token the operator confirmed still holds it (compare-and-delete, as
-any release, through the public ``stock_locks.locks.force_release``), so a
+any release, through the public ``stock_locks.operations.force_release``), so a
 lock that changed hands meanwhile is left alone. A force-released holder that
 wakes up later is refused by fenced writes: the next grant's fence is newer
 than its own.
@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from .dashboard import TOKEN_SHOWN
-from .delayqueue import DelayQueue
-from .locks import LockInfo, force_release
-from .models import AuditEntry
-from .semaphores import evict_holder, semaphore_state
+from ..delayqueue import DelayQueue
+from ..holder import LockInfo
+from ..models import AuditEntry
+from ..operations import evict_holder, force_release, semaphore_state
+from ..stock.reconcile import fix_drift, stock_report
+from .snapshot import TOKEN_SHOWN
 
 
 @dataclass
@@ -84,8 +85,6 @@ def discard_dead_letter(queue: str, item_id: str) -> Outcome:
 
 
 def reconcile_stock() -> Outcome:
-    from .stock.reconcile import fix_drift, stock_report
-
     before = [row.as_dict() for row in stock_report() if row.drift]
     settled, fixed = fix_drift()
     return Outcome(

@@ -34,10 +34,10 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from ..conf import settings
-from ..connection import STALE_ROUTE_ERRORS
-from ..keys import prefix, slot_tag
-from ..wakeup import SERVER_MARGIN, UNBLOCKED
+from ...conf import settings
+from ...keys import prefix, slot_tag
+from .errors import STALE_ROUTE_ERRORS
+from .wakeup import SERVER_MARGIN, UNBLOCKED
 
 # The listener's own BLPOP timeout: it blocks again after this, so that a server
 # that silently lost the connection is noticed.

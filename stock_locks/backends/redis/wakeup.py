@@ -36,13 +36,8 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from .connection import (
-    NODE_ERRORS,
-    STALE_ROUTE_ERRORS,
-    blocking_cap,
-    node_client,
-    refresh_slot_map,
-)
+from .cluster import blocking_cap, node_client, refresh_slot_map
+from .errors import NODE_ERRORS, STALE_ROUTE_ERRORS
 
 # How much later than the wanted wait the server's own BLPOP timeout is. The
 # client-side deadline always comes first; the server timeout only frees the

@@ -1,4 +1,4 @@
-"""The dashboard's charts: SVG drawn on the server from a timeline (stock_locks.timeline).
+"""The dashboard's charts: SVG drawn on the server from a timeline (:mod:`.timeline`).
 
 No script and no third-party bundle: each chart is a string of SVG markup
 (every label escaped; colours as presentation attributes, which a strict

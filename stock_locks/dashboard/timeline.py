@@ -1,9 +1,9 @@
 """What the dashboard charts read: per-second figures of the whole deployment.
 
-Every process adds what it recorded (stock_locks.metrics) to buckets in Redis,
-one per second of the Redis server's clock, so the figures of all web
-processes and workers add up and one clock orders them. ``recent()`` reads the
-last minutes back as a :class:`Timeline`.
+Every process adds what it recorded to buckets in Redis, one per second of the
+Redis server's clock (:func:`stock_locks.metrics.flush`), so the figures of all
+web processes and workers add up and one clock orders them. :func:`recent`
+reads the last minutes back as a :class:`Timeline`.
 
 Series names (``SERIES_*``): ``reservations:<strategy>`` and
 ``refusals:<strategy>`` (count per second), ``lock_wait_p99_ms`` and
@@ -16,14 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .conf import settings
+from ..backends.redis.client import get_redis
+from ..keys import timeline_key
+from ..metrics import DEAD_LETTERS, REFUSALS, RESERVATIONS
 
-RESERVATIONS = "reservations:"  # + strategy name
-REFUSALS = "refusals:"  # + strategy name
+__all__ = ["DEAD_LETTERS", "REFUSALS", "RESERVATIONS", "Timeline", "percentile", "recent"]
+
 LOCK_WAIT_P99_MS = "lock_wait_p99_ms"
 DELAY_LAG_P99_MS = "delay_lag_p99_ms"
-DEAD_LETTERS = "dead_letters"
-KEEP_SECONDS = 900  # how long a second's bucket stays in Redis
 # Histogram fields in a bucket: "<name>|<upper bound in ms or inf>" -> count.
 _PERCENTILES = {"lock_wait_ms": LOCK_WAIT_P99_MS, "delay_lag_ms": DELAY_LAG_P99_MS}
 
@@ -50,35 +50,13 @@ class Timeline:
         return sorted(name for name in self.series if name.startswith(prefix))
 
 
-def base_key() -> str:
-    """The timeline's base key; the bucket of second ``s`` is ``<base>:<s>``."""
-    return f"{settings.key_prefix()}:metrics:{{metrics}}:timeline"
-
-
-def add(deltas: dict[str, int], client: Any = None) -> int:
-    """Add ``deltas`` (field -> amount) to the bucket of the Redis server's current
-    second; that second. Raises redis-py's errors (the caller keeps the deltas)."""
-    from . import scripts
-    from .connection import get_redis
-
-    argv: list[Any] = [KEEP_SECONDS]
-    for name, amount in deltas.items():
-        argv += [name, amount]
-    # EVAL, not EVALSHA: once a second per process the source costs nothing, and the
-    # flush then stays out of the EVALSHA figures of the hot path (commandstats).
-    client = client or get_redis()
-    return int(client.eval(scripts.METRICS_FLUSH.script, 1, base_key(), *argv))
-
-
 def recent(seconds: int = 300, client: Any = None) -> Timeline:
     """The last ``seconds`` seconds (Redis clock, this one included), one bucket each,
     summed over every process. Two round trips (TIME, then one pipeline)."""
-    from .connection import get_redis
-
     client = client or get_redis()
     now = int(client.time()[0])
     start = now - seconds + 1
-    base = base_key()
+    base = timeline_key()
     with client.pipeline(transaction=False) as pipe:
         for second in range(start, now + 1):
             pipe.hgetall(f"{base}:{second}")

@@ -1,7 +1,7 @@
 """What the admin dashboard shows, read from Redis and the database (no HTTP here).
 
 Held locks are read from the held-locks index the lock scripts keep (a sorted
-set of names scored by lease end; ``stock_locks.keys``), so listing them costs
+set of names scored by lease end; ``stock_locks.backends.redis.held``), so listing them costs
 what the held locks are, not what the keyspace is: all names are read in one
 round trip, sorted, and only one page of them is read in detail, in one
 pipelined round trip. Locks on a ZooKeeper backend alias are listed beside them,
@@ -16,30 +16,30 @@ import datetime as dt
 from typing import Any
 
 from django.utils import timezone
-from redis.exceptions import RedisError
 
-from .backends.redis import parse_record
-from .conf import settings
-from .connection import decoded, get_redis, is_cluster, refresh_slot_map
-from .delayqueue import DelayQueue
-from .holder import LockInfo
-from .keys import (
-    SLOTS,
-    lock_index_key,
-    lock_keys,
-    lock_name_of,
-    semaphore_scan_pattern,
-    unescape_name,
-)
-from .lease import Call
-from .semaphores import semaphore_state
+from ..backends import aliases, backend_config, get_backend
+from ..backends.base import call
+from ..backends.redis.client import get_redis
+from ..backends.redis.cluster import is_cluster
+from ..backends.redis.errors import translated
+from ..backends.redis.held import held_lock_names
+from ..backends.redis.protocol import decoded, parse_record
+from ..conf import settings
+from ..core.lock import lock_backend
+from ..delayqueue import DelayQueue
+from ..exceptions import BackendUnavailable
+from ..holder import LockInfo
+from ..keys import lock_keys, semaphore_scan_pattern, unescape_name
+from ..operations import semaphore_state
+from ..stock.reconcile import stock_report
+from .charts import dashboard_charts
+from .timeline import recent
 
 SCAN_COUNT = 1000  # keys Redis looks at per SCAN call
 PAGE_SIZE = 100  # locks (and semaphores) read in detail per page
 DEAD_LETTERS_SHOWN = 20
 STOCK_ROWS_SHOWN = 200
 TOKEN_SHOWN = 8  # characters of a holder's token the page shows
-CLUSTER_INDEX_CHUNK = 1024  # per-slot index keys read by one script call on a cluster
 
 
 def _iso_ms(ms: Any) -> str | None:
@@ -55,83 +55,6 @@ def _scan_names(client: Any, pattern: str, head: str) -> list[str]:
         if key.startswith(head) and key.endswith("}"):
             names.add(unescape_name(key[len(head) : -1]))
     return sorted(names)
-
-
-# On a cluster: read the held-locks index of every slot a node serves, in one
-# script per node. The index keys (of many slots, all on that node) come as
-# ARGV: declared KEYS must share one slot, undeclared ones may span slots with
-# the allow-cross-slot-keys flag (Redis >= 7.0).
-_CLUSTER_INDEX_READ = """#!lua flags=no-writes,allow-cross-slot-keys
-local out = {}
-for i = 1, #ARGV do
-  local found = redis.call('ZRANGE', ARGV[i], 0, -1, 'WITHSCORES')
-  for j = 1, #found do out[#out + 1] = found[j] end
-end
-return out
-"""
-
-
-def held_lock_names(client: Any) -> list[str]:
-    """Names of the locks held now (lease not ended on the Redis clock), sorted.
-
-    One round trip on a single server (the index and TIME, pipelined); on a
-    cluster one script per node over the per-slot indexes it serves.
-    """
-    if is_cluster(client):
-        seconds, micros = client.time()
-        pairs = _cluster_index_entries(client)
-    else:
-        pipe = client.pipeline(transaction=False)
-        pipe.time()
-        pipe.zrange(lock_index_key(), 0, -1, withscores=True)
-        (seconds, micros), pairs = pipe.execute()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
-    names = {lock_name_of(decoded(key)) for key, lease_end in pairs if float(lease_end) > now_ms}
-    names.discard(None)
-    return sorted(names)  # type: ignore[arg-type]  # None was discarded
-
-
-_index_keys_cache: dict[str, list[str]] = {}
-
-
-def _all_index_keys() -> list[str]:
-    """The held-locks index key of every cluster slot, in slot order (cached per prefix)."""
-    keys = _index_keys_cache.get(settings.key_prefix())
-    if keys is None:
-        keys = _index_keys_cache[settings.key_prefix()] = [lock_index_key(s) for s in range(SLOTS)]
-    return keys
-
-
-def _cluster_index_entries(client: Any) -> list[tuple[Any, float]]:
-    """Every (lock key, lease end) of every slot's index. The nodes are those of the
-    client's slot map: when one no longer serves a slot it is asked for (a failover
-    moved it) or cannot be reached, the map is read again and the whole read done
-    once more; a second failure raises."""
-    for attempt in range(2):
-        try:
-            return _read_cluster_indexes(client)
-        except RedisError:
-            refresh_slot_map(client)
-            if attempt:
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _read_cluster_indexes(client: Any) -> list[tuple[Any, float]]:
-    slots = client.nodes_manager.slots_cache  # slot -> [primary, replicas...]
-    keys_by_node: dict[str, tuple[Any, list[str]]] = {}
-    for slot, key in enumerate(_all_index_keys()):
-        node = slots[slot][0]
-        keys_by_node.setdefault(node.name, (node, []))[1].append(key)
-    pairs: list[tuple[Any, float]] = []
-    for node, keys in keys_by_node.values():
-        # Cut in chunks, so that no one script call holds the node up for long.
-        pipe = client.get_redis_connection(node).pipeline(transaction=False)
-        for start in range(0, len(keys), CLUSTER_INDEX_CHUNK):
-            pipe.eval(_CLUSTER_INDEX_READ, 0, *keys[start : start + CLUSTER_INDEX_CHUNK])
-        for flat in pipe.execute():
-            pairs.extend(zip(flat[::2], flat[1::2], strict=True))
-    return pairs
 
 
 def lock_page(search: str = "", page: int = 1, client: Any = None) -> dict[str, Any]:
@@ -196,20 +119,18 @@ def backend_locks(search: str = "") -> list[dict[str, Any]]:
     """Held locks of every configured ZooKeeper backend, per alias: its holders with
     their metadata (first ``PAGE_SIZE`` names matching ``search``), or the error
     that kept it from answering (the rest of the page still renders)."""
-    from .backends import aliases, backend_config, get_backend
-    from .exceptions import BackendUnavailable
-
     out = []
     for alias in aliases():
         if backend_config(alias)["BACKEND"] not in LISTED_BACKENDS:
             continue
         backend = get_backend(alias)
+        ops = lock_backend(backend)
         entry: dict[str, Any] = {"alias": alias, "where": str(backend), "error": None}
         try:
-            names = backend.execute(Call("held_lock_names", ()))
+            names = backend.execute(call(ops.held_lock_names))
             names = [name for name in names if search in name]
-            shown = [(name, backend.lock_keys(name)) for name in names[:PAGE_SIZE]]
-            infos = backend.execute(Call("inspect_many", (shown,))) if shown else []
+            shown = [(name, ops.lock_keys(name)) for name in names[:PAGE_SIZE]]
+            infos = backend.execute(call(ops.inspect_many, shown)) if shown else []
         except BackendUnavailable as exc:
             out.append({**entry, "error": str(exc), "total": 0, "rows": []})
             continue
@@ -284,8 +205,6 @@ def stock() -> dict[str, Any]:
     """Per SKU: database stock, Redis counter, open reservations and drift (drift first)."""
     if not settings.STOCK_MODEL:
         return {"configured": False, "total": 0, "drifting": 0, "rows": []}
-    from .stock.reconcile import stock_report
-
     report = stock_report()
     report.sort(key=lambda row: (row.drift == 0, row.sku))
     return {
@@ -302,22 +221,24 @@ CHART_SECONDS = 300  # the charts' window
 def charts(client: Any = None) -> list[dict[str, Any]]:
     """The charts of the last CHART_SECONDS (one read of the timeline), as
     {"id", "title", "svg"} (the SVG markup is safe to insert as it is)."""
-    from .charts import dashboard_charts
-    from .timeline import recent
-
     drawn = dashboard_charts(recent(CHART_SECONDS, client))
     return [{"id": c.id, "title": c.title, "svg": c.svg} for c in drawn]
 
 
 def snapshot(lock_search: str = "", lock_page_number: int = 1) -> dict[str, Any]:
-    """The whole dashboard as one JSON-ready dict."""
+    """The whole dashboard as one JSON-ready dict.
+
+    Raises :class:`~stock_locks.exceptions.RedisUnavailable` when Redis did not
+    answer (a ZooKeeper backend that does not answer is shown as such instead).
+    """
     client = get_redis()
-    return {
-        "generated_at": timezone.now().isoformat(),
-        "charts": charts(client),
-        "locks": lock_page(lock_search, lock_page_number, client),
-        "backend_locks": backend_locks(lock_search),
-        "semaphores": semaphores(client),
-        "delay_queues": delay_queues(client),
-        "stock": stock(),
-    }
+    with translated():
+        return {
+            "generated_at": timezone.now().isoformat(),
+            "charts": charts(client),
+            "locks": lock_page(lock_search, lock_page_number, client),
+            "backend_locks": backend_locks(lock_search),
+            "semaphores": semaphores(client),
+            "delay_queues": delay_queues(client),
+            "stock": stock(),
+        }

@@ -1,0 +1,77 @@
+"""What redis-py raises, sorted by what it means for a call.
+
+Every caller of Redis in stock_locks (locks, semaphores, the stock strategies,
+the delay queue, the dashboard) decides with these tuples, and turns
+:data:`UNAVAILABLE_ERRORS` into :class:`~stock_locks.exceptions.RedisUnavailable`
+with :func:`unavailable`, the cause chained. A configuration or script error
+(a ``ResponseError`` such as a wrong type, an unknown command) is a bug and is
+never read as "unavailable".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ...exceptions import RedisUnavailable
+
+# Answers of a cluster node that does not serve the key's slot now (MOVED and ASK:
+# AskError is MovedError's base), is between owners (TRYAGAIN) or sees the cluster
+# down (CLUSTERDOWN, e.g. while a failed master's replica is not yet promoted). The
+# request did not run; sent again on a fresh slot map it may succeed.
+STALE_ROUTE_ERRORS: tuple[type[Exception], ...] = (AskError, TryAgainError, ClusterDownError)
+# Errors after which the node may be gone, or be a replica now (READONLY: a primary
+# demoted by a failover, Sentinel's or a cluster's): the request may have run, and
+# the next call through the pool finds the new primary.
+NODE_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, ReadOnlyError)
+# "Redis did not answer": the node errors, a cluster changing hands (redirects that
+# did not settle after the retries, no node for a slot yet, no node reachable at all).
+# The outcome of the request is unknown and a later try may succeed. (redis-py also
+# raises RedisClusterException, before sending, for a multi-key call across slots:
+# a bug, which then reads as unavailable, its message kept.)
+UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
+    *NODE_ERRORS,
+    *STALE_ROUTE_ERRORS,
+    RedisClusterException,
+)
+# Anything redis-py raises for a call (unavailable, or an error reply).
+REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException)
+# Any failure of a call to Redis, raw or already translated: for best-effort steps
+# that log it and leave the repair to the sweeper.
+REDIS_FAILURES: tuple[type[Exception], ...] = (RedisUnavailable, *REDIS_ERRORS)
+# redis-py's errors, or a socket error below it.
+REDIS_OR_OS_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
+
+
+def stale_route(reply: object) -> bool:
+    """Whether ``reply`` (a pipeline's reply, exceptions included) says the request
+    went to a node that does not serve its slot now: it did not run."""
+    return isinstance(reply, STALE_ROUTE_ERRORS)
+
+
+def unavailable(
+    exc: BaseException, alias: str = "default", what: str = "Redis unavailable"
+) -> RedisUnavailable:
+    """The :class:`RedisUnavailable` to raise ``from exc`` (the caller chains it)."""
+    return RedisUnavailable(f"{what} (backend {alias!r}): {exc}", backend=alias)
+
+
+@contextmanager
+def translated(alias: str = "default") -> Iterator[None]:
+    """Inside: redis-py's :data:`UNAVAILABLE_ERRORS` raised as :class:`RedisUnavailable`
+    (for code that calls a redis-py client directly)."""
+    try:
+        yield
+    except UNAVAILABLE_ERRORS as exc:
+        raise unavailable(exc, alias) from exc
