@@ -13,7 +13,7 @@ help:
 	@echo "  make test     lint, then the test suite (pytest \$$ARGS) on the newest releases and on the"
 	@echo "                lowest versions pyproject.toml allows; STOCK_LOCKS_TEST_RUNS=newest: only that run"
 	@echo "  make demo     run the demo shop (manage.py demo \$$ARGS; DEMO_DATABASE=postgres for PostgreSQL)"
-	@echo "  make lint     ruff check + ruff format --check + mypy (stock_locks)"
+	@echo "  make lint     ruff check + ruff format --check + mypy + lint-imports (stock_locks)"
 	@echo "  make format   ruff format + ruff check --fix"
 	@echo "  make bench    run the benchmarks (python -m benchmarks \$$ARGS)"
 	@echo "  make stop     stop our own PostgreSQL cluster and the demo redis-server"
@@ -30,7 +30,8 @@ demo:
 
 lint:
 	bash scripts/setup.sh --no-services
-	$(VENV_BIN)/ruff check . && $(VENV_BIN)/ruff format --check . && $(VENV_BIN)/mypy
+	$(VENV_BIN)/ruff check . && $(VENV_BIN)/ruff format --check . && $(VENV_BIN)/mypy \
+		&& $(VENV_BIN)/lint-imports
 
 format:
 	bash scripts/setup.sh --no-services

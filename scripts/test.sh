@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run what CI runs: scripts/test.sh [pytest args...]
 #
-#   lint     ruff check, ruff format --check (the whole tree), mypy (stock_locks)
+#   lint     ruff check, ruff format --check (the whole tree), mypy (stock_locks),
+#            lint-imports (the layers and import contracts in pyproject.toml)
 #   newest   pytest in .venv: the newest releases requirements.txt allows (with hiredis)
 #   lowest   pytest in .cache/venv-lowest: the lowest versions pyproject.toml allows
 #            (requirements-min.txt; no hiredis), every test but the browser test
@@ -91,11 +92,12 @@ pytest_run() {
 if wants lint; then
     start="$SECONDS"
     status=0
-    echo "[test] lint: ruff check, ruff format --check, mypy"
+    echo "[test] lint: ruff check, ruff format --check, mypy, lint-imports"
     .venv/bin/ruff check . || status=$?
     .venv/bin/ruff format --check . || status=$((status ? status : $?))
     .venv/bin/mypy || status=$((status ? status : $?))
-    record lint "$status" "$((SECONDS - start))" "ruff check, ruff format --check, mypy stock_locks"
+    .venv/bin/lint-imports || status=$((status ? status : $?))
+    record lint "$status" "$((SECONDS - start))" "ruff, mypy, lint-imports (stock_locks)"
 fi
 
 # The lowest step's database: DATABASE_URL's with "_lowest" appended to its name
