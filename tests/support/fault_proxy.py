@@ -9,6 +9,9 @@ says nothing.
     client = redis.Redis(port=proxy.port)
     proxy.lose_reply(b"EVALSHA")      # the next request containing EVALSHA runs on the
                                       # server, its reply is dropped, the connection cut
+    proxy.swallow_reply(b"EVALSHA")   # the same, but the connection stays open: the
+                                      # client waits for a reply that never comes
+    proxy.swallowing()                # such connections the client has not closed yet
     proxy.stall()                     # forward nothing either way until resume()
     proxy.cut()                       # close every open connection now
     proxy.held_requests               # while stalled: requests the "network" holds
@@ -62,6 +65,8 @@ class _Pair:
         self.client = client
         self.upstream = upstream
         self.lose_next_reply = False
+        self.swallow_next_reply = False
+        self.swallowing = False  # a reply was swallowed: nothing more reaches the client
         self.closed = False
 
     def close(self) -> None:
@@ -85,12 +90,14 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._pairs: list[_Pair] = []
         self._patterns: list[bytes] = []  # lose the reply to the next request matching each
+        self._swallow: list[bytes] = []  # swallow the reply to the next request matching each
         self._flowing = threading.Event()
         self._flowing.set()
         self._closed = False
         self.held_requests = 0  # requests held back by a stall right now
         self.lost = 0  # replies dropped so far
         self.lost_event = threading.Event()  # set each time a reply is dropped
+        self.swallowed = 0  # replies swallowed so far (swallow_reply)
 
     @property
     def url(self) -> str:
@@ -110,10 +117,25 @@ class FaultProxy:
         with self._lock:
             self._patterns.extend([pattern] * times)
 
+    def swallow_reply(self, pattern: bytes) -> None:
+        """The next request containing ``pattern`` reaches the server and runs; its reply
+        (and whatever else the server sends on that connection) never reaches the
+        client, and the connection stays open: the client waits as for a packet lost
+        on the way back, until it gives up or is interrupted. Other connections,
+        and connections opened later, are not affected."""
+        with self._lock:
+            self._swallow.append(pattern)
+
+    def swallowing(self) -> int:
+        """Connections whose reply was swallowed that the client has not closed yet."""
+        with self._lock:
+            return sum(1 for pair in self._pairs if pair.swallowing and not pair.closed)
+
     def cancel_faults(self) -> None:
         """Forget reply losses not yet fired, and resume a stall."""
         with self._lock:
             self._patterns.clear()
+            self._swallow.clear()
         self.resume()
 
     def stall(self) -> None:
@@ -176,6 +198,11 @@ class FaultProxy:
                         del self._patterns[i]
                         pair.lose_next_reply = True
                         break
+                for i, pattern in enumerate(self._swallow):
+                    if pattern in data:
+                        del self._swallow[i]
+                        pair.swallow_next_reply = True
+                        break
             try:
                 pair.upstream.sendall(data)
             except OSError:
@@ -211,6 +238,12 @@ class FaultProxy:
                 self.lost_event.set()
                 pair.close()
                 return
+            if pair.swallow_next_reply and not pair.swallowing:
+                with self._lock:
+                    self.swallowed += 1
+                pair.swallowing = True
+            if pair.swallowing:
+                continue
             try:
                 pair.client.sendall(data)
             except OSError:

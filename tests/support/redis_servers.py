@@ -32,11 +32,21 @@ def free_port() -> int:
 
 class RedisServer:
     """One redis-server process. ``start()``, ``stop()`` (SIGTERM), ``kill()`` (SIGKILL),
-    ``restart()`` on the same port (empty: nothing is persisted)."""
+    ``restart()`` on the same port (empty: nothing is persisted). ``config_file``: a
+    config file redis-server reads first (a sentinel's: ``extra_args`` "--sentinel").
+    ``password``: started with ``requirepass`` (``client()`` authenticates)."""
 
-    def __init__(self, *extra_args: str, port: int | None = None) -> None:
+    def __init__(
+        self,
+        *extra_args: str,
+        port: int | None = None,
+        config_file: str | None = None,
+        password: str | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.extra_args = list(extra_args)
+        self.config_file = config_file
+        self.password = password
         self.dir = tempfile.mkdtemp(prefix="sl-redis-")
         self.process: subprocess.Popen | None = None
 
@@ -49,6 +59,8 @@ class RedisServer:
         return self.process.pid if self.process else None
 
     def client(self, **kwargs) -> redis.Redis:
+        if self.password is not None:
+            kwargs.setdefault("password", self.password)
         return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
 
     def start(self) -> RedisServer:
@@ -56,12 +68,14 @@ class RedisServer:
             self.process = subprocess.Popen(
                 [
                     redis_server_binary(),
+                    *([self.config_file] if self.config_file else []),
                     "--port", str(self.port),
                     "--bind", "127.0.0.1",
                     "--save", "",
                     "--appendonly", "no",
                     "--dir", self.dir,
                     "--logfile", os.path.join(self.dir, "redis.log"),
+                    *(["--requirepass", self.password] if self.password is not None else []),
                     *self.extra_args,
                 ],
                 stdout=subprocess.DEVNULL,
