@@ -13,9 +13,11 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import redis
 from django.conf import settings
 from django.test import override_settings
 
@@ -235,18 +237,27 @@ def _answering(server: Gunicorn) -> bool:
         return False
 
 
+def _pid(body: bytes) -> int:
+    found = re.search(rb'"pid": (\d+)', body)
+    assert found, body
+    return int(found.group(1))
+
+
 def test_a_scrape_under_gunicorn_counts_every_workers_acquires(redis_server):
     pytest.importorskip("prometheus_client")
     pytest.importorskip("gunicorn")
     server = Gunicorn(redis_server.url)
     try:
         wait_until(lambda: _answering(server), what="gunicorn to answer")
-        pids: set[int] = set()
-        requests = 0
-        while len(pids) < 2 and requests < 400:  # until both workers answered
-            pids.add(int(re.search(rb'"pid": (\d+)', server.get("/whoami/")).group(1)))
-            requests += 1
-        assert len(pids) == 2, f"one worker answered all {requests} requests"
+        client = redis.Redis.from_url(redis_server.url)
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(server.get, "/whoami/?hold=w")  # one worker answers and stays busy
+            assert client.blpop(["w:busy"], timeout=TIMEOUT), "no worker took the held request"
+            other = server.get("/whoami/")  # so the other worker must answer this one
+            client.rpush("w:go", 1)
+            pids = {_pid(held.result(timeout=TIMEOUT)), _pid(other)}
+        requests = 2
+        assert len(pids) == 2, pids
         body = server.get("/stock-locks/metrics", {"Authorization": f"Bearer {TOKEN}"}).decode()
     finally:
         server.stop()

@@ -2,6 +2,7 @@
 
 import os
 
+import redis
 from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import include, path
@@ -28,8 +29,21 @@ def restock(request, pk):
 
 
 @locked("whoami", timeout=5)
+def _counted_acquire() -> None:
+    pass
+
+
 def whoami(request):
-    """Which worker process answered (tests/test_metrics.py, under gunicorn)."""
+    """Which worker process answered, after one counted lock acquire (tests/test_metrics.py,
+    under gunicorn). With ``?hold=<name>`` the worker then says it is busy (RPUSH
+    ``<name>:busy``) and stays busy until the test pushes to ``<name>:go``, so that the next
+    request must go to another worker."""
+    _counted_acquire()
+    hold = request.GET.get("hold")
+    if hold:
+        client = redis.Redis.from_url(os.environ["REDIS_URL"])
+        client.rpush(f"{hold}:busy", os.getpid())
+        client.blpop([f"{hold}:go"], timeout=60)
     return JsonResponse({"pid": os.getpid()})
 
 
