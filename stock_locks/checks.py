@@ -11,10 +11,12 @@ from django.core import checks
 from django.core.exceptions import FieldDoesNotExist
 from django.db import connections, router
 from redis.exceptions import RedisError
+from redis.sentinel import SentinelConnectionPool
 
 from .backends import aliases, get_backend
 from .backends.base import FENCED
-from .backends.redis.client import get_redis
+from .backends.redis import RedisBackend
+from .backends.redis.client import get_redis, names_its_redis
 from .backends.redis.transport import on_own_connection
 from .conf import DEFAULTS, settings
 
@@ -34,6 +36,10 @@ W001 = "stock_locks.W001"  # Redis did not answer PING
 W002 = "stock_locks.W002"  # the "lock" strategy is registered, the stock model has no fence
 W003 = "stock_locks.W003"  # REDIS_ALIAS shares its Redis database with another cache alias
 W005 = "stock_locks.W005"  # SQLite without transaction_mode IMMEDIATE
+W006 = "stock_locks.W006"  # Sentinel-managed Redis with REPLICAS 0 (no WAIT on a grant)
+W007 = "stock_locks.W007"  # Sentinel-managed primary with min-replicas-to-write 0
+W008 = "stock_locks.W008"  # a silent sentinel holds a call longer than the socket timeout
+W009 = "stock_locks.W009"  # REPLICA_TIMEOUT is not below the client's socket timeout
 
 PING_TIMEOUT = 2  # seconds: the check never hangs on a Redis that does not answer
 TEXT_FIELDS = ("CharField", "TextField", "SlugField")
@@ -210,7 +216,7 @@ def check_backends(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 def _default_backend_has_location() -> bool:
     entry = (settings.BACKENDS or {}).get("default")
-    return isinstance(entry, dict) and bool(entry.get("LOCATION"))
+    return isinstance(entry, dict) and names_its_redis(entry)
 
 
 def check_redis(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -311,7 +317,103 @@ def _ping(client: Any) -> None:
     on_own_connection(client, ("PING",), PING_TIMEOUT)
 
 
+def check_replication(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every Redis backend reached through Sentinel: WAIT on grants (W006), the
+    primary's min-replicas-to-write (W007, asked with CONFIG GET, skipped when the
+    primary does not answer it), how long a silent sentinel holds a call (W008); and
+    for every Redis backend with REPLICAS, REPLICA_TIMEOUT below the socket timeout
+    (W009). A backend that cannot be built is check_backends' to report."""
+    messages: list[checks.CheckMessage] = []
+    seen: set[int] = set()
+    for alias in aliases():
+        try:
+            backend = get_backend(alias)
+            client = backend.client if isinstance(backend, RedisBackend) else None
+        except Exception:  # reported by check_backends / check_redis
+            continue
+        pool = getattr(client, "connection_pool", None)
+        if not isinstance(backend, RedisBackend) or pool is None or id(client) in seen:
+            continue
+        seen.add(id(client))
+        replicas = backend.options.replicas
+        replicas = settings.REPLICAS if replicas is None else replicas
+        _, socket_timeout = _timeouts(client)
+        where = f"STOCK_LOCKS['BACKENDS'][{alias!r}]"
+        if replicas and socket_timeout and socket_timeout <= settings.REPLICA_TIMEOUT:
+            messages.append(
+                checks.Warning(
+                    f"STOCK_LOCKS['REPLICA_TIMEOUT'] ({settings.REPLICA_TIMEOUT}s) is not below "
+                    f"the socket timeout of {where} ({socket_timeout}s): a grant that no "
+                    "replica confirms in time is reported as Redis unavailable (HTTP 503) "
+                    "instead of LockNotReplicated.",
+                    hint="Keep REPLICA_TIMEOUT a fraction of the socket timeout (default 0.1s).",
+                    id=W009,
+                )
+            )
+        if isinstance(pool, SentinelConnectionPool):
+            messages.extend(_sentinel_messages(where, client, pool, replicas, socket_timeout))
+    return messages
+
+
+def _sentinel_messages(
+    where: str, client: Any, pool: Any, replicas: int, socket_timeout: float | None
+) -> list[checks.CheckMessage]:
+    messages: list[checks.CheckMessage] = []
+    if not replicas:
+        messages.append(
+            checks.Warning(
+                f"{where} is reached through Sentinel with STOCK_LOCKS['REPLICAS'] = 0: a lock "
+                "granted by the primary and not yet copied to a replica is lost when that "
+                "replica is promoted, and a second holder is granted (fenced writes still "
+                "refuse the first one).",
+                hint="Set REPLICAS to 1 (its OPTIONS or STOCK_LOCKS): a grant then waits for "
+                "a replica's copy (WAIT) or raises LockNotReplicated.",
+                id=W006,
+            )
+        )
+    try:
+        reply = on_own_connection(client, ("CONFIG", "GET", "min-replicas-to-write"), PING_TIMEOUT)
+    except RedisError:
+        reply = None  # unreachable (W001) or CONFIG disabled, as on managed services
+    values = [v.decode() if isinstance(v, bytes) else str(v) for v in reply or []]
+    if len(values) == 2 and values[1] == "0":
+        messages.append(
+            checks.Warning(
+                f"The primary of {where} has min-replicas-to-write 0: cut off from the "
+                "sentinels, it keeps taking reservations and grants that are lost when another "
+                "is promoted (the database still refuses every oversell; reconcile brings "
+                "the counts back).",
+                hint="In the primary's and replicas' redis.conf: min-replicas-to-write 1 and "
+                "min-replicas-max-lag 10 (a cut-off primary then refuses writes: HTTP 503).",
+                id=W007,
+            )
+        )
+    limit = socket_timeout or 0
+    for sentinel in pool.sentinel_manager.sentinels:
+        probe = sentinel.connection_pool
+        connection = probe.connection_class(**probe.connection_kwargs)
+        timeout = connection.socket_timeout
+        retries = getattr(getattr(connection, "retry", None), "_retries", 0)
+        if timeout is None or timeout * (1 + retries) > limit:
+            held = "for ever" if timeout is None else f"{timeout * (1 + retries):g}s"
+            messages.append(
+                checks.Warning(
+                    f"A sentinel of {where} that stops answering holds a call that must find "
+                    f"the primary {held} (socket timeout {timeout}, {retries} retries), past "
+                    f"the socket timeout of {limit}s.",
+                    hint="Give the sentinels' clients the same timeouts and no retries: "
+                    'SENTINEL_KWARGS {"socket_timeout": ..., "socket_connect_timeout": ..., '
+                    "\"retry\": Retry(NoBackoff(), 0)} in the cache's or backend's OPTIONS "
+                    "(docs/backends.md: Redis with Sentinel).",
+                    id=W008,
+                )
+            )
+            break
+    return messages
+
+
 def register() -> None:
     checks.register(check_settings, TAG)
     checks.register(check_backends, TAG)
     checks.register(check_redis, TAG)
+    checks.register(check_replication, TAG)

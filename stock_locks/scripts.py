@@ -25,9 +25,21 @@ def _read(filename: str) -> bytes:
     return resources.files(__package__).joinpath("lua", filename).read_bytes()
 
 
+# A script whose first line is not a shebang gets "#!lua": it declares that it may write
+# (the three that only read say "#!lua flags=no-writes" themselves). Redis (>= 7.0)
+# then refuses it before it runs on a replica (READONLY: a demoted primary, a stale
+# connection after a failover), on a primary short of min-replicas-to-write
+# (NOREPLICAS) and when out of memory. Without it a script runs until its first write,
+# so a branch that only reads (a release finding no lock, a reserve finding no stock)
+# would answer from a replica's stale copy as if it were the primary's.
+_WRITES = b"#!lua\n"
+
+
 def load(name: str) -> Script:
-    """The script in ``lua/<name>.lua``, its includes expanded."""
+    """The script in ``lua/<name>.lua``, its includes expanded, its flags declared."""
     source = _INCLUDE.sub(lambda match: _read(match[1].decode()), _read(f"{name}.lua"))
+    if not source.startswith(b"#!"):
+        source = _WRITES + source
     return Script(None, source)  # type: ignore[arg-type]  # every call passes client=
 
 

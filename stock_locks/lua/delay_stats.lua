@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- Counts and next times of a delay queue, read against the Redis clock.
 --
 -- KEYS[1] due zset   KEYS[2] in-flight zset   KEYS[3] dead zset

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- Read who holds a lock, atomically (nothing is written).
 --
 -- KEYS[1] lock key (the holder's record; see lock_acquire.lua)

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- Read a semaphore as the Redis clock sees it: for holders() and the admin page.
 --
 -- KEYS[1] holders (zset: holder id -> when its lease ends, ms)

@@ -115,19 +115,19 @@ class RedisBackend(Backend):
                     "use the stock_locks.aio primitives with it"
                 )
             self._client = sync_client(self.options)
-            self._owns_client = self.options.location is not None
+            self._owns_client = self.options.direct
         return self._client
 
     def make_async_client(self) -> Any:
         """A new ``redis.asyncio`` client made like :attr:`client` (one per event loop)."""
-        sync = None if self.options.location is not None else self.client
+        sync = None if self.options.direct else self.client
         return async_client(self.options, sync)
 
     @property
     def cluster(self) -> bool:
         if self._client is None and self.async_client is not None:
             return is_cluster(self.async_client)
-        if self.options.location is not None:
+        if self.options.direct:
             return self.options.cluster
         return is_cluster(self.client)
 

@@ -5,7 +5,9 @@ not a lock or a semaphore.
 A backend's options are parsed once (:class:`ClientOptions`). The sync client
 comes from, in order: the ``LOCATION`` URL (``OPTIONS["CLUSTER"]``: a
 ``RedisCluster``, and ``LOCATION`` may then be a list of node URLs, any
-reachable one of which is enough to find the others); the django-redis cache
+reachable one of which is enough to find the others); Redis Sentinel (a
+``redis+sentinel://`` ``LOCATION``, or ``OPTIONS["SENTINELS"]`` and
+``OPTIONS["SERVICE_NAME"]``: :class:`SentinelOptions`); the django-redis cache
 alias ``OPTIONS["CACHE_ALIAS"]``, else ``STOCK_LOCKS["REDIS_ALIAS"]`` (its
 connection factory decides: a plain server, Sentinel, TLS...). The asyncio
 client is built from the same options, or, for a django-redis alias, like that
@@ -41,13 +43,14 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
-from redis.sentinel import SentinelConnectionPool
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from ...conf import settings
 from .. import DEFAULT_ALIAS, backend_config, get_backend
+from .sentinel import SentinelOptions, sentinel_options
 
 # OPTIONS stock_locks reads itself; the others go to redis-py, lower-cased.
-OWN_OPTIONS = ("CLUSTER", "CACHE_ALIAS", "REPLICAS")
+OWN_OPTIONS = ("CLUSTER", "CACHE_ALIAS", "REPLICAS", "SENTINELS", "SERVICE_NAME", "SENTINEL_KWARGS")
 DEFAULT_TIMEOUT = 5.0  # seconds: socket and connect timeout of a client made from a LOCATION
 
 # Connection arguments that turn off redis-py's CLIENT SETINFO on connect (renamed in 7.x).
@@ -81,6 +84,7 @@ class ClientOptions:
     ``kwargs``: the redis-py client arguments (``OPTIONS`` lower-cased, without
     stock_locks' own; a socket and a connect timeout of ``DEFAULT_TIMEOUT``
     unless given). ``replicas``: ``OPTIONS["REPLICAS"]`` (None: the setting).
+    ``sentinel``: where the primary is found when it is Sentinel-managed.
     """
 
     alias: str
@@ -89,12 +93,14 @@ class ClientOptions:
     cache_alias: str | None = None
     replicas: int | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
+    sentinel: SentinelOptions | None = None
 
     @classmethod
     def parse(
         cls, alias: str, location: str | Sequence[str] | None, options: dict[str, Any] | None
     ) -> ClientOptions:
-        """Raises ImproperlyConfigured for a LOCATION of the wrong shape."""
+        """Raises ImproperlyConfigured for a LOCATION of the wrong shape, or Sentinel
+        options that are incomplete or combined with a cluster or another LOCATION."""
         options = dict(options or {})
         cluster = bool(options.get("CLUSTER"))
         if location is not None and not isinstance(location, str):
@@ -109,9 +115,10 @@ class ClientOptions:
         kwargs = {k.lower(): v for k, v in options.items() if k not in OWN_OPTIONS}
         kwargs.setdefault("socket_timeout", DEFAULT_TIMEOUT)
         kwargs.setdefault("socket_connect_timeout", DEFAULT_TIMEOUT)
+        sentinel = sentinel_options(alias, location, options, cluster, kwargs)
         return cls(
-            alias, location or None, cluster, options.get("CACHE_ALIAS"),
-            options.get("REPLICAS"), kwargs,
+            alias, None if sentinel else location or None, cluster, options.get("CACHE_ALIAS"),
+            options.get("REPLICAS"), kwargs, sentinel,
         )  # fmt: skip
 
     @property
@@ -120,10 +127,28 @@ class ClientOptions:
             return []
         return [self.location] if isinstance(self.location, str) else list(self.location)
 
+    @property
+    def direct(self) -> bool:
+        """Whether the backend names its Redis itself (a LOCATION or Sentinel options),
+        rather than through a django-redis cache alias."""
+        return self.location is not None or self.sentinel is not None
+
+    def sentinel_manager(self, sentinel_class: Any) -> Any:
+        """A ``sentinel_class`` (redis-py's sync or asyncio ``Sentinel``) of
+        :attr:`sentinel`."""
+        assert self.sentinel is not None
+        timeouts = {k: v for k, v in self.kwargs.items() if k.startswith("socket_")}
+        return sentinel_class(
+            list(self.sentinel.addresses), sentinel_kwargs=self.sentinel.client_kwargs(timeouts)
+        )
+
 
 def sync_client(options: ClientOptions) -> Any:
     """The redis-py client of ``options`` (a ``Redis``, a ``RedisCluster``, or the
     django-redis alias's client)."""
+    if options.sentinel is not None:
+        manager = options.sentinel_manager(Sentinel)
+        return manager.master_for(options.sentinel.service, **options.kwargs)
     if options.location is None:
         return get_redis_connection(options.cache_alias or settings.REDIS_ALIAS)
     urls = options.urls
@@ -152,6 +177,20 @@ def async_client(options: ClientOptions, sync: Any) -> Any:
             urls[0], **_pool_limits(), **copied(options.kwargs, aredis.SSLConnection)
         )
         return aredis.Redis(connection_pool=pool)
+    if options.sentinel is not None:
+        arguments = dict(options.kwargs)
+        tls = arguments.pop("ssl", False)
+        connection_class = (
+            async_sentinel.SentinelManagedSSLConnection
+            if tls
+            else async_sentinel.SentinelManagedConnection
+        )
+        return _sentinel_client(
+            options.sentinel_manager(async_sentinel.Sentinel),
+            options.sentinel.service,
+            connection_class,
+            copied(arguments, connection_class),
+        )
     return client_like(sync)
 
 
@@ -181,22 +220,42 @@ def client_like(sync: Any) -> Any:
             min_other_sentinels=manager.min_other_sentinels,
             sentinel_kwargs=copied(manager.sentinel_kwargs, aredis.Connection),
         )
-        for place in ("host", "port"):
-            arguments.pop(place, None)  # (the primary is found through the sentinels)
-        pool: aredis.ConnectionPool = BoundedSentinelConnectionPool(
-            sync_pool.service_name,
+        return _sentinel_client(
             sentinel,
+            sync_pool.service_name,
+            connection_class,
+            arguments,
             is_master=sync_pool.is_master,
             check_connection=sync_pool.check_connection,
+        )
+    pool = BoundedConnectionPool(connection_class=connection_class, **_pool_limits(), **arguments)
+    return aredis.Redis(connection_pool=pool)
+
+
+def _sentinel_client(
+    sentinel: Any, service: str, connection_class: type, arguments: dict[str, Any], **pool: Any
+) -> Any:
+    """A ``redis.asyncio`` client of ``service``'s primary, found through the asyncio
+    ``sentinel`` (again after a failover, as the sync client), with a bounded pool."""
+    for place in ("host", "port"):
+        arguments.pop(place, None)  # (the primary is found through the sentinels)
+    return aredis.Redis(
+        connection_pool=BoundedSentinelConnectionPool(
+            service,
+            sentinel,
             connection_class=connection_class,
+            **pool,
             **_pool_limits(),
             **arguments,
         )
-    else:
-        pool = BoundedConnectionPool(
-            connection_class=connection_class, **_pool_limits(), **arguments
-        )
-    return aredis.Redis(connection_pool=pool)
+    )
+
+
+def names_its_redis(entry: dict[str, Any]) -> bool:
+    """Whether a ``BACKENDS`` entry names its Redis itself (a LOCATION, or Sentinel
+    options) rather than through a django-redis cache alias."""
+    options = entry.get("OPTIONS") or {}
+    return bool(entry.get("LOCATION")) or "SENTINELS" in options
 
 
 def get_redis(alias: str | None = None) -> redis.Redis:
@@ -204,9 +263,9 @@ def get_redis(alias: str | None = None) -> redis.Redis:
     delay queue, the sweeper, reconcile, the dashboard).
 
     Without ``alias``: when ``STOCK_LOCKS["BACKENDS"]["default"]`` is a Redis
-    backend configured with a ``LOCATION``, that backend's client (made once per
-    process, shared with the locks; another backend class, e.g. RedLock's, is
-    not used); otherwise the client of the django-redis cache
+    backend configured with a ``LOCATION`` (or Sentinel options), that backend's
+    client (made once per process, shared with the locks; another backend class,
+    e.g. RedLock's, is not used); otherwise the client of the django-redis cache
     ``STOCK_LOCKS["REDIS_ALIAS"]``. With ``alias``: always that django-redis
     cache's client.
 
@@ -214,7 +273,7 @@ def get_redis(alias: str | None = None) -> redis.Redis:
     ``django.core.cache.InvalidCacheBackendError`` when it does not exist,
     ``ImproperlyConfigured`` for a malformed ``BACKENDS`` entry.
     """
-    if alias is None and settings.BACKENDS and backend_config(DEFAULT_ALIAS).get("LOCATION"):
+    if alias is None and settings.BACKENDS and names_its_redis(backend_config(DEFAULT_ALIAS)):
         client: redis.Redis | None = getattr(get_backend(DEFAULT_ALIAS), "client", None)
         if client is not None:
             return client

@@ -13,12 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from redis._parsers.base import BaseParser
 from redis.exceptions import (
     AskError,
     ClusterDownError,
     ReadOnlyError,
     RedisClusterException,
     RedisError,
+    ResponseError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -31,10 +33,29 @@ from ...exceptions import RedisUnavailable
 # down (CLUSTERDOWN, e.g. while a failed master's replica is not yet promoted). The
 # request did not run; sent again on a fresh slot map it may succeed.
 STALE_ROUTE_ERRORS: tuple[type[Exception], ...] = (AskError, TryAgainError, ClusterDownError)
+
+
+class NoReplicasError(ResponseError):
+    """``NOREPLICAS``: the primary refused a write because fewer replicas than its
+    ``min-replicas-to-write`` are in sync (a primary cut off from its replicas, e.g.
+    before Sentinel fails it over). Nothing was written; a later try, on this primary
+    or on the one promoted, may succeed."""
+
+
+# redis-py reads an error reply by its first word and knows no NOREPLICAS: without
+# this it is a bare ResponseError, which reads as a bug (HTTP 500), not an outage.
+BaseParser.EXCEPTION_CLASSES.setdefault("NOREPLICAS", NoReplicasError)
+
 # Errors after which the node may be gone, or be a replica now (READONLY: a primary
-# demoted by a failover, Sentinel's or a cluster's): the request may have run, and
-# the next call through the pool finds the new primary.
-NODE_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, ReadOnlyError)
+# demoted by a failover, Sentinel's or a cluster's), or refuses writes until a replica
+# is back in sync (NOREPLICAS): the request may have run, and a later call through the
+# pool finds the primary again (or the new one).
+NODE_ERRORS: tuple[type[Exception], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ReadOnlyError,
+    NoReplicasError,
+)
 # "Redis did not answer": the node errors, a cluster changing hands (redirects that
 # did not settle after the retries, no node for a slot yet, no node reachable at all).
 # The outcome of the request is unknown and a later try may succeed. (redis-py also
