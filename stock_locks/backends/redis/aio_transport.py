@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...keys import key_slot
@@ -198,8 +199,9 @@ async def _evalsha_once(
     """EVALSHA on a pooled connection without ``execute_command``'s per-call work (and
     with ``head``, packing only ARGV). A transport error drops the connection and
     sends the call again through ``execute_command`` (the client's own retries):
-    every script is safe to repeat. Any other exception (a cancellation) drops the
-    connection too, so that no reply of this call reaches its next user."""
+    every script is safe to repeat. An error reply leaves it pooled; any other exception
+    (a cancellation) drops the connection too, so that no reply of this call reaches its
+    next user."""
     pool = client.connection_pool
     idle = pool.take_idle() if isinstance(pool, _Bounded) else None
     connection = idle or await pool.get_connection()
@@ -217,6 +219,12 @@ async def _evalsha_once(
         return await connection.read_response()
     except (RedisConnectionError, RedisTimeoutError, TimeoutError):
         await connection.disconnect()
+    except ResponseError as exc:
+        # (an error reply, read whole, e.g. NOSCRIPT: the connection stays usable, unless
+        # READONLY says it reaches a replica now)
+        if isinstance(exc, ReadOnlyError):
+            await connection.disconnect()
+        raise
     except BaseException:
         await connection.disconnect(nowait=True)
         raise

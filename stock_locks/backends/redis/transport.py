@@ -26,6 +26,7 @@ from typing import Any
 
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..base import GIVE_BACK_TIMEOUT
@@ -126,7 +127,8 @@ def _evalsha_once(
     bookkeeping of its ``execute_command`` (and with ``head``, packing only ARGV). A
     transport error closes the connection and sends the call again through
     ``execute_command`` (the client's own retries): every script is safe to repeat.
-    Any other exception (an interrupt) closes the connection too."""
+    An error reply leaves the connection pooled (READONLY aside); any other exception
+    (an interrupt) closes it too."""
     pool = client.connection_pool
     conn = pool.get_connection()
     try:
@@ -137,6 +139,13 @@ def _evalsha_once(
         return conn.read_response()
     except (RedisConnectionError, RedisTimeoutError):
         conn.disconnect()
+    except ResponseError as exc:
+        # (an error reply, read whole, e.g. NOSCRIPT: the connection is ready for its next
+        # user. Dropping it would cost a reconnect, one that must ask the sentinels first;
+        # READONLY says it reaches a replica now: dropped, the next one asks again)
+        if isinstance(exc, ReadOnlyError):
+            conn.disconnect()
+        raise
     except BaseException:
         # (an interrupt mid-call: the reply may still come, and must not reach the
         # connection's next user; not every connection class drops itself then)
