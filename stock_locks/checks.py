@@ -65,6 +65,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id=E003,
             )
         )
+    tag = settings.STOCK_HASH_TAG
+    if not isinstance(tag, str) or not tag or "{" in tag or "}" in tag:
+        errors.append(
+            checks.Error(
+                f"STOCK_LOCKS['STOCK_HASH_TAG'] must be a non-empty string without braces, "
+                f"got {tag!r}.",
+                hint="It is the Redis Cluster hash tag that keeps every stock key (a cart, "
+                "its record) in one slot; without it every reservation on a cluster fails "
+                "as a cross-slot call. Use e.g. 'stock'.",
+                id=E003,
+            )
+        )
     max_hold = settings.LOCK_MAX_HOLD
     if max_hold is not None and (
         isinstance(max_hold, bool) or not isinstance(max_hold, int | float) or not max_hold > 0

@@ -71,6 +71,14 @@ class RedisUnavailable(BackendUnavailable):
     timeout, a server loading its data or turned read-only by a failover)."""
 
 
+class RedisCommandError(StockLocksError):
+    """redis-py refused to send a request it cannot route: keys of one call in several
+    Redis Cluster slots (e.g. a ``STOCK_HASH_TAG`` that does not keep a cart in one
+    slot), or no key to route by. Nothing was sent. A bug or a configuration error,
+    not an outage: retrying will not help, and it is never reported as
+    :class:`RedisUnavailable`."""
+
+
 class ZooKeeperUnavailable(BackendUnavailable):
     """The ZooKeeper ensemble could not be reached, did not answer in time, or ended
     this client's session (a request's outcome is then unknown)."""

@@ -137,3 +137,9 @@ def _unfenced_backend() -> type:
 
 
 UnfencedBackend = _unfenced_backend()
+
+
+def test_a_stock_hash_tag_that_would_split_a_cart_is_an_error():
+    for tag in ("", "a{b", "b}", 5):
+        with override_settings(STOCK_LOCKS={"STOCK_HASH_TAG": tag}):
+            assert ids(checks.check_settings()).count("stock_locks.E003") == 1, tag

@@ -25,7 +25,7 @@ from typing import Any
 from redis.exceptions import WatchError
 
 from ..backends.redis.cluster import on_node
-from ..backends.redis.errors import UNAVAILABLE_ERRORS, unavailable
+from ..backends.redis.errors import TRANSLATED_ERRORS, translated_error
 from ..conf import settings
 from ..exceptions import ContentionError, OutOfStock, StockLocksError
 from .cart import Cart
@@ -47,9 +47,10 @@ class WatchStrategy(RedisStockStrategy):
 
         try:
             return (*on_node(self.redis, self.keys.loaded, attempt), None)
-        except UNAVAILABLE_ERRORS as exc:
+        except TRANSLATED_ERRORS as exc:
             # The EXEC may have run: a retry with this order ref finds its record.
-            raise unavailable(exc, self.backend.alias) from exc
+            # (CROSSSLOT: the node refused a WATCH of keys in several slots.)
+            raise translated_error(exc, self.backend.alias) from exc
 
     def _reserve(self, client: Any, order_ref: str, lines: Cart) -> tuple[bool, int, int]:
         k = self.keys

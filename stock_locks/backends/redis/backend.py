@@ -44,7 +44,7 @@ from ..base import (
 from .aio_transport import transport_for
 from .client import ClientOptions, async_client, get_redis, sync_client
 from .cluster import is_cluster
-from .errors import UNAVAILABLE_ERRORS, unavailable
+from .errors import UNAVAILABLE_ERRORS, translated_error
 from .held import held_lock_names
 from .protocol import (
     AcquireReply,
@@ -153,7 +153,7 @@ class RedisBackend(Backend):
         try:
             return run(pending.operation(*pending.args), perform)
         except UNAVAILABLE_ERRORS as exc:
-            raise unavailable(exc, self.alias) from exc
+            raise translated_error(exc, self.alias) from exc
 
     async def aexecute(self, pending: Call[T]) -> T:
         return await self.arun(pending.operation(*pending.args), bounded=pending.bounded)
@@ -168,7 +168,7 @@ class RedisBackend(Backend):
         try:
             return run(requests, transport.perform_bounded if bounded else transport.perform)
         except UNAVAILABLE_ERRORS as exc:
-            raise unavailable(exc, self.alias) from exc
+            raise translated_error(exc, self.alias) from exc
 
     async def arun(self, requests: Requests[T], *, bounded: bool = False) -> T:
         """:meth:`run` on the running event loop's ``redis.asyncio`` transport."""
@@ -176,7 +176,7 @@ class RedisBackend(Backend):
         try:
             return await arun(requests, transport.perform_bounded if bounded else transport.perform)
         except UNAVAILABLE_ERRORS as exc:
-            raise unavailable(exc, self.alias) from exc
+            raise translated_error(exc, self.alias) from exc
 
     # -- locks -----------------------------------------------------------------------------
 
