@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from . import lease
 from .conf import settings
@@ -37,9 +37,6 @@ from .core.lock import Hold, LockCore, check_redlock
 from .holder import LockInfo, caller_of
 from .watchdog import Watchdog, thread_watchdog
 
-if TYPE_CHECKING:
-    pass
-
 __all__ = ["Lock", "LockInfo", "RedLock"]
 
 T = TypeVar("T")
@@ -47,13 +44,13 @@ T = TypeVar("T")
 _owners = threading.local()
 
 
-def _thread_holds() -> dict[str, list[Any]]:
-    """The calling thread's reentrant holds: lock key -> [token, count].
+def _thread_holds() -> dict[str, Hold]:
+    """The calling thread's reentrant holds in progress (see ``LockCore._owner_holds``).
 
     Several reentrant Lock objects of one name in one thread share the entry
     (they are one owner). A fresh token is drawn for each outermost grant.
     """
-    holds: dict[str, list[Any]] | None = getattr(_owners, "holds", None)
+    holds: dict[str, Hold] | None = getattr(_owners, "holds", None)
     if holds is None:
         holds = _owners.holds = {}
     return holds
@@ -142,7 +139,7 @@ class Lock(LeaseGuard, LockCore):
     def _per_owner(self) -> Any:
         return _PerThread()
 
-    def _owner_holds(self) -> dict[str, list[Any]]:
+    def _owner_holds(self) -> dict[str, Hold]:
         return _thread_holds()
 
     def _renewer(self) -> Watchdog:

@@ -13,7 +13,7 @@ from stock_locks.backends import get_backend
 from stock_locks.conf import settings
 from stock_locks.exceptions import LockError
 from stock_locks.loops import resources
-from stock_locks.operations import semaphore_state
+from stock_locks.operations import force_release, semaphore_state
 from tests.support.waiting import TIMEOUT, eventually
 
 COROUTINES = 1000
@@ -148,3 +148,26 @@ def test_the_pool_bound_queues_callers_and_times_out_with_a_clear_error(redis_se
         await pool.disconnect()
 
     asyncio.run(main())
+
+
+def test_a_reentrant_hold_is_the_tasks_whichever_object_took_it(redis_client):
+    async def main() -> None:
+        first = aio.Lock("aio:re-any", ttl=30, reentrant=True)
+        assert await first.acquire()
+        second = aio.Lock("aio:re-any", ttl=30, reentrant=True)
+        assert await second.owned() and second.fence == first.fence
+        await second.release()
+        assert not await first.locked()
+
+        owner = Owner()  # (the object that took the hold is dropped at once)
+        await aio.Lock("aio:re-dropped", ttl=30, reentrant=True, owner=owner).acquire()
+        await asyncio.to_thread(force_release, "aio:re-dropped", redis=redis_client)
+        again = aio.Lock("aio:re-dropped", ttl=30, reentrant=True, owner=owner, timeout=0)
+        assert await again.acquire()  # the owner's dropped hold does not fail it
+        await again.release()
+
+    asyncio.run(main())
+
+
+class Owner:
+    """An explicit owner of reentrant aio locks (anything weakly referenceable)."""

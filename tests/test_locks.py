@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
@@ -13,6 +14,7 @@ from django.test import override_settings
 from stock_locks import Lock
 from stock_locks.backends.redis.protocol import parse_record, token_of
 from stock_locks.exceptions import LockError, LockNotOwned, LockNotReplicated, LockTimeout
+from stock_locks.operations import force_release
 from stock_locks.watchdog import Watchdog
 from tests.support.processes import event, run_in_processes, start_process
 from tests.support.redis_stats import (
@@ -214,6 +216,46 @@ def test_reentrant_owner_counts_holds_and_only_the_last_release_frees(redis_clie
     assert not redis_client.exists("sl:lock:{re}")
     with Lock("re", ttl=10, reentrant=True) as again:
         assert again.fence > first_fence
+
+
+def test_any_reentrant_lock_object_of_the_owning_thread_holds_and_releases(redis_client):
+    first = Lock("re-any", ttl=30, reentrant=True)
+    assert first.acquire()
+    second = Lock("re-any", ttl=30, reentrant=True)  # another object, the same owner
+    assert second.owned() and second.fence == first.fence and second.token == first.token
+    second.release()  # releases the thread's hold, whichever object took it
+    assert not redis_client.exists(first.keys.lock)
+    assert not first.owned()
+    with pytest.raises(LockError):
+        first.release()  # nothing left to release
+
+
+def test_a_reentrant_hold_dropped_without_a_release_does_not_fail_the_next_acquire(
+    redis_client,
+):
+    # A thread-pool server: one request takes a reentrant lock and drops the object
+    # without releasing; an operator force-releases it. A later, unrelated request on
+    # the same thread acquires the now free lock at once (it failed with LockNotOwned).
+    with ThreadPoolExecutor(1) as pool:
+
+        def leaky_request() -> int:
+            lock = Lock("re-dropped", ttl=30, reentrant=True)
+            assert lock.acquire()
+            return lock.fence
+
+        first_fence = pool.submit(leaky_request).result()
+        assert force_release("re-dropped", redis=redis_client)
+
+        def later_request() -> tuple[bool, int | None]:
+            lock = Lock("re-dropped", ttl=30, reentrant=True, timeout=0)
+            granted = lock.acquire()
+            fence = lock.fence
+            lock.release()
+            return granted, fence
+
+        granted, fence = pool.submit(later_request).result()
+    assert granted and fence is not None and fence > first_fence
+    assert not redis_client.exists("sl:lock:{re-dropped}")
 
 
 # -- wake-up on release ------------------------------------------------------------

@@ -55,9 +55,13 @@ class _PerTask:
             hold = self._holds[owner] = Hold()
         return hold
 
+    @hold.setter
+    def hold(self, hold: Hold) -> None:
+        self._holds[_owner(self._explicit)] = hold
 
-# Each owner's reentrant holds: lock key -> [token, count] (the sync side's per thread).
-_owner_holds: weakref.WeakKeyDictionary[Any, dict[str, list[Any]]] = weakref.WeakKeyDictionary()
+
+# Each owner's reentrant holds in progress (the sync side's per thread).
+_owner_holds: weakref.WeakKeyDictionary[Any, dict[str, Hold]] = weakref.WeakKeyDictionary()
 
 
 def check_asyncio(primitive: Any) -> None:
@@ -118,7 +122,7 @@ class Lock(AsyncLeaseGuard, LockCore):
     def _per_owner(self) -> Any:
         return _PerTask(self._explicit_owner)
 
-    def _owner_holds(self) -> dict[str, list[Any]]:
+    def _owner_holds(self) -> dict[str, Hold]:
         owner = _owner(self._explicit_owner)
         holds = _owner_holds.get(owner)
         if holds is None:

@@ -22,6 +22,7 @@ import logging
 import math
 import secrets
 import sys
+import weakref
 from typing import Any, cast
 
 from .. import _validate, lease, metrics
@@ -83,9 +84,13 @@ class Hold:
     """What one owner knows of its hold: token, fence, how many holds (``count``),
     whether it was lost; whether the hold was adopted by its token (its fence is
     then read from the backend on first use) or handed off (a later release()
-    does nothing)."""
+    does nothing). A reentrant hold is its owner's (thread or task), shared by
+    every Lock object of the name there; ``holders``: weak references to the
+    objects whose holds are in progress, one per hold."""
 
-    __slots__ = ("token", "fence", "count", "lost", "adopted", "handed_off", "__weakref__")
+    __slots__ = (
+        "token", "fence", "count", "lost", "adopted", "handed_off", "holders", "__weakref__",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.token: str | None = None
@@ -94,6 +99,16 @@ class Hold:
         self.lost = False
         self.adopted = False
         self.handed_off = False
+        self.holders: list[weakref.ref[Any]] = []
+
+    def orphaned(self) -> bool:
+        """Whether holds are counted and every object that took them is gone (dropped
+        without a release): nobody in progress would learn that the hold was lost."""
+        return bool(self.count) and not any(ref() is not None for ref in self.holders)
+
+
+def _new_token() -> str:
+    return secrets.token_hex(16)
 
 
 class LockCore(GuardCore):
@@ -150,8 +165,9 @@ class LockCore(GuardCore):
         owner's :class:`Hold`."""
         raise NotImplementedError
 
-    def _owner_holds(self) -> dict[str, list[Any]]:
-        """The calling owner's reentrant holds: lock key -> [token, count]."""
+    def _owner_holds(self) -> dict[str, Hold]:
+        """The calling owner's reentrant holds in progress: backend alias and lock key ->
+        its :class:`Hold` (shared by every Lock object of the name in that owner)."""
         raise NotImplementedError
 
     def _renewer(self) -> Any:
@@ -170,8 +186,19 @@ class LockCore(GuardCore):
         return self.spec.ttl_ms
 
     def _hold(self) -> Hold:
-        """The calling owner's hold state (the thread's or task's, for a reentrant lock)."""
-        return cast(Hold, self._state.hold if self.reentrant else self._state)
+        """The calling owner's hold state: for a reentrant lock the owner's hold in
+        progress (whichever object took it), else this object's last one in that owner."""
+        if not self.reentrant:
+            return cast(Hold, self._state)
+        shared = self._owner_holds().get(self._owner_key)
+        if shared is not None:
+            self._state.hold = shared
+            return shared
+        return cast(Hold, self._state.hold)
+
+    @property
+    def _owner_key(self) -> str:
+        return f"{self.backend.alias}\0{self.keys.lock}"
 
     @property
     def token(self) -> str | None:
@@ -261,35 +288,46 @@ class LockCore(GuardCore):
                 "use reentrant=True or another Lock object",
                 name=self.name,
             )
-        entry = self._owner_holds().get(self.keys.lock) if self.reentrant else None
-        token, count = entry if entry else (secrets.token_hex(16), 0)
-        ops, spec = self._ops, self.spec
         try:
-            attempt = yield from lease.acquire(
-                lambda patience, waited: call(ops.lock_try, spec, token, count, waited, hold),
-                lambda seconds: call(ops.lock_wait, spec, seconds),
-                blocking=blocking,
-                timeout=timeout,
-                default_wait=self.ttl,
-                give_back=(
-                    None if count else call(ops.lock_release, spec, token, 1, ReleaseMode.ABANDON)
-                ),
-                what=f"lock {self.name!r}",
-                labels=("lock", self.backend.alias),
-            )
+            attempt, token = yield from self._grant_steps(hold, blocking, timeout)
         except LockNotOwned:
-            # The owner's hold is gone: its next acquire starts afresh (new token),
-            # while the outer holds still in progress learn it on their release.
+            # The owner's hold is gone: its next acquire starts afresh (new token). The
+            # holds still in progress learn it on their release; when there are none
+            # (their objects were dropped without a release), this acquire is that next one.
+            orphaned = hold.orphaned()
             self._lost(hold)
-            holds = self._owner_holds()
-            if holds.get(self.keys.lock, [None])[0] == token:
-                del holds[self.keys.lock]
-            raise
+            self._unregister(hold)
+            if not orphaned:
+                raise
+            hold = self._state.hold = Hold()
+            attempt, token = yield from self._grant_steps(hold, blocking, timeout)
         if attempt is None:
             acquire_log.debug("lock %r busy, not granted within %ss", self.name, timeout)
             return False
         self._on_grant(hold, token, cast(int, attempt.fence), attempt.count)
         return True
+
+    def _grant_steps(
+        self, hold: Hold, blocking: bool, timeout: float | None
+    ) -> lease.Steps[tuple[Attempt | None, str]]:
+        """Wait for a grant (a re-entry of ``hold`` when it is the owner's reentrant hold
+        in progress): (the attempt, None when not granted within ``timeout``; its token)."""
+        ops, spec = self._ops, self.spec
+        reentry = self.reentrant and hold.count > 0
+        token, count = (cast(str, hold.token), hold.count) if reentry else (_new_token(), 0)
+        attempt = yield from lease.acquire(
+            lambda patience, waited: call(ops.lock_try, spec, token, count, waited, hold),
+            lambda seconds: call(ops.lock_wait, spec, seconds),
+            blocking=blocking,
+            timeout=timeout,
+            default_wait=self.ttl,
+            give_back=(
+                None if count else call(ops.lock_release, spec, token, 1, ReleaseMode.ABANDON)
+            ),
+            what=f"lock {self.name!r}",
+            labels=("lock", self.backend.alias),
+        )
+        return attempt, token
 
     def _release_steps(self) -> lease.Steps[None]:
         hold = self._hold()
@@ -303,11 +341,7 @@ class LockCore(GuardCore):
                 name=self.name,
             )
         token = cast(str, hold.token)  # set while held
-        count = 1
-        if self.reentrant:
-            entry = self._owner_holds().get(self.keys.lock)
-            if entry and entry[0] == token:
-                count = entry[1]
+        count = hold.count if self.reentrant else 1
         if count <= 1 and (self.watchdog or self.reentrant):
             # (a reentrant hold may have been registered by another Lock object)
             self._renewer().discard((self.keys.lock, token))
@@ -400,7 +434,11 @@ class LockCore(GuardCore):
         # lost lease are not this grant's.
         hold.count = 1 if count == 1 else hold.count + 1
         if self.reentrant:
-            self._owner_holds()[self.keys.lock] = [token, count]
+            hold.count = count  # (the backend's count of the owner's holds)
+            if count == 1:
+                hold.holders.clear()
+            hold.holders.append(weakref.ref(self))
+            self._owner_holds()[self._owner_key] = hold
         if count == 1 and self.watchdog:
             self._renewer().add(self, hold)
         acquire_log.debug("acquired %r fence=%s count=%s", self.name, fence, count)
@@ -409,11 +447,19 @@ class LockCore(GuardCore):
         """After a release's outcome is known: this owner holds one hold less."""
         hold.count = max(0, hold.count - 1)
         if self.reentrant:
-            holds = self._owner_holds()
-            if result == ReleaseOutcome.STILL_HELD:
-                holds[self.keys.lock] = [token, count - 1]
-            elif holds.get(self.keys.lock, [None])[0] == token:
-                del holds[self.keys.lock]
+            hold.count = count - 1 if result == ReleaseOutcome.STILL_HELD else 0
+            mine = [i for i, ref in enumerate(hold.holders) if ref() is self]
+            if hold.holders:
+                del hold.holders[mine[-1] if mine else -1]
+            if not hold.count:
+                self._unregister(hold)
+
+    def _unregister(self, hold: Hold) -> None:
+        """The owner's reentrant hold ``hold`` is over (released or lost)."""
+        holds = self._owner_holds()
+        if holds.get(self._owner_key) is hold:
+            del holds[self._owner_key]
+        hold.holders.clear()
 
     def _still_held(self, hold: Hold, count: int) -> None:
         """After a release whose outcome stays unknown: keep the hold (and its renewal)."""
