@@ -62,10 +62,11 @@ def stale_fence(exc: StaleFencingToken) -> JsonResponse:
     )
 
 
-def unavailable() -> JsonResponse:
-    response = error(
-        503, "unavailable", "the stock service (Redis) is unreachable; nothing changed"
-    )
+def unavailable(exc: BackendUnavailable) -> JsonResponse:
+    """503: the stock service did not answer. No order was written; a reserve whose reply
+    was lost may hold units in Redis until the same request (Idempotency-Key) is sent
+    again or the sweeper gives them back, so the message says so (``exc``'s own)."""
+    response = error(503, "unavailable", f"the stock service did not answer: {exc}")
     response["Retry-After"] = "1"
     return response
 
@@ -109,8 +110,8 @@ def create_order(request: HttpRequest) -> JsonResponse:
         )
     except InvalidQuantity as exc:
         return error(400, "bad_request", str(exc), sku=exc.sku)
-    except BackendUnavailable:  # (the one "did not answer" error, cause chained)
-        return unavailable()
+    except BackendUnavailable as exc:  # (the one "did not answer" error, cause chained)
+        return unavailable(exc)
     except ContentionError as exc:
         return error(409, "contention", str(exc), attempts=exc.attempts)
     except StaleFencingToken as exc:
@@ -163,5 +164,5 @@ def _transition(order_id: int, action) -> JsonResponse:
         return stale_fence(exc)
     except LockTimeout as exc:
         return error(423, "locked", str(exc), lock=exc.name)
-    except BackendUnavailable:  # (the one "did not answer" error, cause chained)
-        return unavailable()
+    except BackendUnavailable as exc:  # (the one "did not answer" error, cause chained)
+        return unavailable(exc)

@@ -75,8 +75,10 @@ class StockStrategy(ABC):
         short line, :class:`InvalidQuantity` for a bad cart, ttl or unknown SKU,
         :class:`ReservationError` when the ref was used for other lines or its
         reservation was released,
-        :class:`~stock_locks.exceptions.RedisUnavailable` when Redis is down
-        (nothing reserved; a retry with the same ref is safe). Blocks at most
+        :class:`~stock_locks.exceptions.RedisUnavailable` when Redis did not answer
+        (nothing written to the database; a Redis step whose reply was lost may
+        have taken the units there: a retry with the same ref moves stock once and
+        says, or the sweeper gives them back after ``ORPHAN_GRACE``). Blocks at most
         for the strategy's lock or retry budget.
         """
         ref, lines, ttl_ms = self.validate(order_ref, cart, ttl)

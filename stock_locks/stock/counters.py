@@ -30,7 +30,7 @@ from ..backends.redis.backend import shared_backend
 from ..backends.redis.errors import REDIS_FAILURES
 from ..backends.redis.requests import Command, Requests, script
 from ..conf import settings
-from ..exceptions import InvalidQuantity, OutOfStock, StaleFencingToken
+from ..exceptions import InvalidQuantity, OutOfStock, RedisUnavailable, StaleFencingToken
 from ..keys import StockKeys
 from ..models import Reservation
 from . import groupcommit
@@ -45,6 +45,20 @@ log = logging.getLogger("stock_locks.stock")
 
 # stock_release.lua's replies
 RELEASED, NO_RECORD, DATA_LOST = 1, 0, 4
+
+
+def unanswered_reserve(exc: RedisUnavailable, order_ref: str) -> RedisUnavailable:
+    """The error of a reserve whose Redis step got no answer: it says what is known.
+    The step may have run (a reply lost) and taken the units in Redis; nothing was
+    written to the database. A retry with the same order ref moves stock once and
+    answers; without one, the sweeper gives the units back after ``ORPHAN_GRACE``."""
+    return RedisUnavailable(
+        f"Redis did not answer the reservation of {order_ref!r} ({exc}): nothing was "
+        "written to the database, and Redis may have taken its units. Retry with the same "
+        "order ref to learn the outcome (stock moves once); without a retry they go back "
+        f"within ORPHAN_GRACE ({settings.ORPHAN_GRACE} s) and the next sweep.",
+        backend=exc.backend,
+    )
 
 
 class RedisStockStrategy(StockStrategy):
@@ -75,7 +89,10 @@ class RedisStockStrategy(StockStrategy):
 
     def do_reserve(self, order_ref: str, lines: Cart, ttl_ms: int | None) -> Reservation:
         job = Confirmation(order_ref, lines, self.name, ttl_ms) if settings.GROUP_COMMIT else None
-        took, now_ms, retries, joined = self.reserve_in_redis(order_ref, lines, job)
+        try:
+            took, now_ms, retries, joined = self.reserve_in_redis(order_ref, lines, job)
+        except RedisUnavailable as exc:
+            raise unanswered_reserve(exc, order_ref) from exc
         return self.reserve_in_database(
             order_ref, lines, ttl_ms, took, now_ms, retries, job=job, joined=joined
         )

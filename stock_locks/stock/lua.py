@@ -18,11 +18,11 @@ from asgiref.sync import sync_to_async
 
 from .. import scripts
 from ..backends.redis.requests import Blocking, Requests, script
-from ..exceptions import OutOfStock, StockLocksError
+from ..exceptions import OutOfStock, RedisUnavailable, StockLocksError
 from ..models import Reservation
 from . import groupcommit
 from .cart import Cart
-from .counters import RedisStockStrategy
+from .counters import RedisStockStrategy, unanswered_reserve
 from .groupcommit import Confirmation
 from .soldout import cache_for
 
@@ -99,7 +99,10 @@ class LuaStrategy(RedisStockStrategy):
         ref, lines, ttl_ms = self.validate(order_ref, cart, ttl)
         with self.counting_refusals(ref):
             self._known_short(lines)
-            took, now_ms, retries, _ = await self.backend.arun(self._reserve_steps(ref, lines))
+            try:
+                took, now_ms, retries, _ = await self.backend.arun(self._reserve_steps(ref, lines))
+            except RedisUnavailable as exc:
+                raise unanswered_reserve(exc, ref) from exc
 
         def in_database() -> Reservation:
             with self.counting_refusals(ref):

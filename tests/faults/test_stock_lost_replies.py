@@ -19,6 +19,7 @@ stayed, the units add up and every Redis counter equals the database.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 
@@ -27,6 +28,7 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from stock_locks import scripts
 from stock_locks.exceptions import RedisUnavailable
+from stock_locks.keys import StockKeys
 from stock_locks.models import Reservation
 from stock_locks.stock import get_strategy
 from tests.inventory.models import Item
@@ -90,6 +92,35 @@ def test_lost_reply_of_a_lua_reserve(redis_through_proxy, redis_client, retries)
     again = lua.reserve("lost", {SKU: 2})
     assert again.created is False
     assert Reservation.objects.filter(order_ref="lost", status="reserved").count() == 1
+    assert_whole(open_units=3)
+
+
+@pytest.mark.parametrize("mode", ["sync", "asyncio"])
+def test_a_lost_reserve_reply_is_reported_as_what_is_known(redis_through_proxy, redis_client, mode):
+    # The reserve ran and took the units in Redis; only its reply was lost. The error
+    # must not say "nothing reserved": it says the units may be taken, nothing is in
+    # the database, and how the outcome is learnt (the same order ref again).
+    make_stock()
+    proxy = redis_through_proxy(0)
+    lua = get_strategy("lua")
+    lua.reserve("warm", {SKU: 1})
+    redis_client.script_load(scripts.STOCK_RESERVE.script)
+    # Every reply lost until the test says otherwise (the transport sends a script
+    # once more on a fresh connection after a connection error).
+    proxy.lose_reply(scripts.STOCK_RESERVE.sha.encode(), times=1000)
+    with pytest.raises(RedisUnavailable) as unanswered:
+        if mode == "sync":
+            lua.reserve("lost", {SKU: 2})
+        else:
+            asyncio.run(lua.areserve("lost", {SKU: 2}))
+    message = str(unanswered.value)
+    proxy.cancel_faults()
+    assert proxy.lost >= 1
+    assert "may have taken its units" in message and "same order ref" in message, message
+    assert "nothing was written to the database" in message, message
+    assert not Reservation.objects.filter(order_ref="lost").exists()
+    assert redis_client.exists(StockKeys().record("lost"))  # Redis did take them
+    assert lua.reserve("lost", {SKU: 2}).lines == {SKU: 2}  # the retry settles it, once
     assert_whole(open_units=3)
 
 
