@@ -122,13 +122,20 @@ class RedisStockStrategy(StockStrategy):
         except IntegrityError:
             return self._duplicate(order_ref, lines, took)
         except (OutOfStock, InvalidQuantity, StaleFencingToken):
-            # The database, the truth, refused: the Redis half goes back.
-            if not took and (row := repeat_of(order_ref, lines)) is not None:
-                return row  # a duplicate request wrote the row meanwhile
+            # A duplicate request (the same order ref, in flight at once) may have written
+            # the row meanwhile, with the units this record holds: both answer that row.
+            if not took:
+                if (row := repeat_of(order_ref, lines)) is not None:
+                    return row
+                raise  # (the record is a request's still in flight, or the sweeper's)
+            if (row := held_for(order_ref, lines)) is not None:
+                row.created, row.retries = False, 0
+                return row
+            # The database, the truth, refused: what this call took in Redis goes back.
             self.undo_in_redis(order_ref, lines)
             raise
         except BaseException as exc:
-            row = self._settle_unknown(order_ref, lines)
+            row = self._settle_unknown(order_ref, lines, took)
             if row is not None and isinstance(exc, DatabaseError):
                 return row  # the commit happened; only its reply was lost
             raise
@@ -139,10 +146,12 @@ class RedisStockStrategy(StockStrategy):
             self.undo_in_redis(order_ref, lines)  # this call's take stands for nothing
         return existing_reservation(order_ref, lines)
 
-    def _settle_unknown(self, order_ref: str, lines: Cart) -> Reservation | None:
+    def _settle_unknown(self, order_ref: str, lines: Cart, took: bool) -> Reservation | None:
         """After the database step failed without a known answer: the row if it was
         written (the Redis half stays, it is that row's); else the Redis half goes
-        back. When the database cannot be asked, nothing is given back."""
+        back if this call ``took`` it (one it found is a duplicate request's, which may
+        still be writing its row). When the database cannot be asked, nothing is given
+        back."""
         if connection.in_atomic_block:
             log.warning("reserve %r failed inside the caller's transaction; "
                         "the sweeper settles its Redis half", order_ref)  # fmt: skip
@@ -159,7 +168,8 @@ class RedisStockStrategy(StockStrategy):
             )
             return None
         if row is None:
-            self.undo_in_redis(order_ref, lines)
+            if took:
+                self.undo_in_redis(order_ref, lines)
             return None
         row.created, row.retries = True, 0
         return row

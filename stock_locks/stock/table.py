@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterable
 from contextlib import nullcontext
 from typing import Any, cast
 
@@ -117,8 +118,12 @@ class StockTable:
             pk, created_at = inserted[order_ref]
             return recorded(pk, created_at, order_ref, lines, strategy, retries, expires_at, db)
         with transaction.atomic(using=db):
-            reservation = new_reservation(order_ref, lines, strategy, retries, expires_at)
+            # The stock rows first, then the reservation's: the order of the one-statement
+            # path and of the group commit's batches. (Row first, a duplicate request
+            # writing the same ref in a batch deadlocked with it: each waited for a lock
+            # the other took first.)
             self.take_conditionally(lines)
+            reservation = new_reservation(order_ref, lines, strategy, retries, expires_at)
         return reservation
 
     def _columns(self, db: str) -> tuple[dict[str, str], str, str, str]:
@@ -170,10 +175,10 @@ class StockTable:
 
         Carts of one and the same SKU (a flash sale's) are one statement, and a ref
         that already has a row fails them all (``IntegrityError``). Other batches
-        skip such refs, and take their SKUs in SKU order (two batches cannot
-        deadlock). Returns ``{order ref: (id, created_at)}`` of the rows inserted.
-        Raises :class:`OutOfStock` (or :class:`InvalidQuantity`) when a SKU has
-        less than the sum: nothing is written.
+        skip such refs, and take their SKUs in SKU order before inserting rows, as
+        every other write does (no two writes can deadlock). Returns ``{order ref:
+        (id, created_at)}`` of the rows inserted. Raises :class:`OutOfStock` (or
+        :class:`InvalidQuantity`) when a SKU has less than the sum: nothing is written.
         """
         db = router.db_for_write(Reservation)
         skus = {sku for _, lines, _, _ in orders for sku in lines}
@@ -181,30 +186,54 @@ class StockTable:
             [sku] = skus
             return self._take_and_record_in_one_statement(db, sku, orders)
         res, table, sku_col, qty_col = self._columns(db)
-        into, values, returning, params = _reservation_rows(res, orders)
-        insert = f"{into} VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING {returning}"
         take = (
             f"UPDATE {table} SET {qty_col} = {qty_col} - %s "
             f"WHERE {sku_col} = %s AND {qty_col} >= %s"
         )
-        lines_of = {ref: lines for ref, lines, _, _ in orders}
+        give = f"UPDATE {table} SET {qty_col} = {qty_col} + %s WHERE {sku_col} = %s"
         with transaction.atomic(using=db), connections[db].cursor() as cursor:
-            cursor.execute(insert, params)
-            inserted = {ref: (pk, created) for ref, pk, created in cursor.fetchall()}
-            totals: dict[str, int] = {}
-            for ref in inserted:
-                for sku, qty in lines_of[ref].items():
-                    totals[sku] = totals.get(sku, 0) + qty
+            # The stock rows first (in SKU order), then the reservations' rows: the order
+            # of every other write. (Rows first, a caller that stopped waiting for this
+            # batch and wrote its own row deadlocked with it: it held a stock row this
+            # batch waited for, and waited for the row this batch had inserted.)
+            cursor.execute(
+                f"SELECT {res['order_ref']} FROM {res['table']} WHERE {res['order_ref']} = ANY(%s)",
+                [[ref for ref, _, _, _ in orders]],
+            )
+            have_rows = {ref for (ref,) in cursor.fetchall()}
+            pending = [order for order in orders if order[0] not in have_rows]
+            if not pending:
+                return {}
+            totals = _units(lines for _, lines, _, _ in pending)
             for sku in sorted(totals):
                 cursor.execute(take, [totals[sku], sku, totals[sku]])
                 if cursor.rowcount == 0:
                     raise self._refusal(sku, totals[sku], None)
+            into, values, returning, params = _reservation_rows(res, pending)
+            cursor.execute(
+                f"{into} VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING {returning}",
+                params,
+            )
+            inserted = {ref: (pk, created) for ref, pk, created in cursor.fetchall()}
+            # A ref whose row a concurrent request committed meanwhile: its units go back.
+            back = _units(lines for ref, lines, _, _ in pending if ref not in inserted)
+            for sku in sorted(back):
+                cursor.execute(give, [back[sku], sku])
         return inserted
 
     def put_back(self, lines: Cart) -> None:
         """In the caller's transaction: ``stock += qty`` per line."""
         for sku, qty in lines.items():
             self.objects.filter(**{self.sku: sku}).update(**{self.qty: models.F(self.qty) + qty})
+
+
+def _units(carts: Iterable[Cart]) -> dict[str, int]:
+    """The units of every SKU in ``carts``, summed."""
+    totals: dict[str, int] = {}
+    for lines in carts:
+        for sku, qty in lines.items():
+            totals[sku] = totals.get(sku, 0) + qty
+    return totals
 
 
 def _reservation_rows(
