@@ -37,7 +37,7 @@ from . import groupcommit
 from .base import StockStrategy
 from .cart import Cart
 from .groupcommit import Confirmation, GroupCommit
-from .ledger import existing_reservation, held_for, repeat_of
+from .ledger import certainly_not_written, existing_reservation, held_for, repeat_of
 from .reconcile.restore import load_missing_counters, restore_after_data_loss
 from .soldout import units_back
 
@@ -135,6 +135,13 @@ class RedisStockStrategy(StockStrategy):
             self.undo_in_redis(order_ref, lines)
             raise
         except BaseException as exc:
+            alone = job is None or not job.taken_by_leader  # (no batch may write it still)
+            if took and alone and certainly_not_written(exc) and not connection.in_atomic_block:
+                # The units go back now, not once the database can be asked again (in a
+                # storm of killed connections it could not, and they stayed unsellable
+                # until ORPHAN_GRACE and the next sweep).
+                self.undo_in_redis(order_ref, lines)
+                raise
             row = self._settle_unknown(order_ref, lines, took)
             if row is not None and isinstance(exc, DatabaseError):
                 return row  # the commit happened; only its reply was lost

@@ -71,6 +71,9 @@ class Confirmation:
     now_ms: int | None = None
     #: This caller's token, should it lead (set by :meth:`join_args`).
     token: str = field(default="", compare=False)
+    #: Whether a leader took its queue entry and this caller stopped waiting for the
+    #: answer: that leader's batch may still write the row (set by ``confirm``).
+    taken_by_leader: bool = field(default=False, compare=False)
 
     @property
     def expires_at(self) -> dt.datetime | None:
@@ -176,6 +179,7 @@ class GroupCommit:
                 job.strategy, retries, job.due(queued_ms(joined)), router.db_for_write(Reservation),
             )  # fmt: skip
         if answer == TAKEN:
+            object.__setattr__(job, "taken_by_leader", True)  # (as join_args sets token)
             return self._written_alone_or_by_leader(job, write_alone, retries)
         return write_alone()
 

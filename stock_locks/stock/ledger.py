@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.db import transaction
+from django.db import DatabaseError, InterfaceError, connection, transaction
 
 from ..exceptions import ReservationError
 from ..models import Reservation
@@ -135,3 +135,22 @@ def commit_in_db(order_ref: str) -> tuple[Reservation, bool]:
             return reservation, False
         mark(reservation, Reservation.Status.COMMITTED)
     return reservation, True
+
+
+def certainly_not_written(exc: BaseException) -> bool:
+    """Whether the failed database step that raised ``exc`` certainly wrote nothing: the
+    server answered the statement (or the COMMIT) with an error of its own (an
+    SQLSTATE: the statement failed, and with it the transaction; a session killed by
+    an operator or a failover answers 57P01), or the driver refused to send it on a
+    connection it knew was closed (psycopg's "the connection is closed", Django's
+    "connection already closed"). A connection lost with no answer (a reply lost, a
+    timeout) is not certain: the commit may have happened."""
+    if isinstance(exc, InterfaceError):
+        return True
+    if not isinstance(exc, DatabaseError) or connection.vendor != "postgresql":
+        return False
+    cause = exc.__cause__
+    return bool(getattr(cause, "sqlstate", None)) or _NOT_SENT in str(cause)
+
+
+_NOT_SENT = "the connection is closed"  # psycopg, raised before sending anything

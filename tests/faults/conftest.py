@@ -5,6 +5,7 @@ with ``make test ARGS="-m faults"``) and counts what matters from the
 database afterwards: units oversold, stranded, moved twice.
 
 - ``fault_proxy``, ``redis_through_proxy``: a :class:`FaultProxy` in front of a server.
+- ``database_through``: this process's database connection through a FaultProxy.
 - ``no_child_left``: SIGKILL the test's fault_processes children before the
   database flush; a module opts in with ``pytest.mark.usefixtures("no_child_left")``.
 - ``redis``: a redis-server of the test's own, used by stock_locks and children.
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from django.conf import settings
+from django.db import connections
 from django.test import override_settings
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -83,3 +85,23 @@ def redis_through_proxy(redis_server, fault_proxy) -> Iterator[Callable[[int], F
     yield start
     while contexts:
         contexts.pop().__exit__(None, None, None)
+
+
+@pytest.fixture
+def database_through(fault_proxy) -> Iterator[Callable[[], FaultProxy]]:
+    """``database_through()``: this process's default connection goes through a
+    FaultProxy to the same PostgreSQL (the test database, as pytest-django made it)."""
+    connection = connections["default"]
+    saved = (connection.settings_dict["HOST"], connection.settings_dict["PORT"])
+    target = int(saved[1] or 5432)
+
+    def start() -> FaultProxy:
+        proxy = fault_proxy(target)
+        connection.close()
+        connection.settings_dict["HOST"] = "127.0.0.1"
+        connection.settings_dict["PORT"] = proxy.port
+        return proxy
+
+    yield start
+    connection.close()
+    connection.settings_dict["HOST"], connection.settings_dict["PORT"] = saved

@@ -1,20 +1,26 @@
-"""Duplicate requests in flight (issue 23, items 1 and 2): the same order ref reserved twice
-at once (a double click, a client retrying on its timeout with the same Idempotency-Key),
-and a group-commit caller that stopped waiting and writes its own row while its leader's
-batch writes it too. Real processes on a real PostgreSQL; the interleavings are forced
-with a row lock of the test's own and a child that stops itself at a marker.
+"""Duplicate requests in flight and killed database connections (issue 23, items 1-3).
+
+The same order ref reserved twice at once (a double click, a client retrying on its
+timeout with the same Idempotency-Key); a group-commit caller that stopped waiting and
+writes its own row while its leader's batch writes it too; a buyer whose database
+session is killed between Redis and the database. Real processes on a real
+PostgreSQL; the interleavings are forced with a row lock of the test's own and a child
+that stops itself at a marker.
 
 What must hold: no deadlock (every write takes the stock rows, in SKU order, before the
-reservations' rows), both requests get the same answer (the one row), and no unit is
-given back in Redis for a row that exists (Redis equals the database right after).
+reservations' rows), both requests get the same answer (the one row), no unit is given
+back in Redis for a row that exists, and a write the database certainly refused gives
+its units back at once (Redis equals the database right after).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
 from django.conf import settings
+from django.db import DatabaseError, connection
 from django.test import override_settings
 
 from stock_locks.exceptions import OutOfStock
@@ -114,3 +120,65 @@ def test_two_identical_requests_in_flight_get_the_same_answer():
     book = audit("TEA", 1)
     assert (book.oversold, book.lost) == (0, 0), book.summary()
     assert drift() == {}, "a unit of the twin's row was given back in Redis"
+
+
+# -- a database outage: killed connections --------------------------------------------------
+
+
+def _terminate(application_name_like: str) -> int:
+    """pg_terminate_backend of the test database's sessions whose name is LIKE the pattern."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name LIKE %s",
+            [application_name_like],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_a_write_refused_by_a_killed_connection_gives_its_units_back_at_once(
+    database_through, monkeypatch
+):
+    # The buyer's database session is killed (an operator, a failover, a pooler) while
+    # it is between Redis and the database, and new connections fail for a while (a
+    # storm of them). Its write is refused before it is sent (psycopg knows the
+    # connection is closed) or answered 57P01: nothing was written, so its units go
+    # back in Redis at once. Before, the reserve asked the
+    # database again, could not, and left them unsellable until ORPHAN_GRACE and the
+    # next sweep (26-29% of a SKU's stock after a storm).
+    Item.objects.create(code="TEA", title="Tea", on_hand=3)
+    proxy = database_through()
+    lua = get_strategy("lua")
+    assert lua.reserve("killed-1", {"TEA": 1}).created  # its session open, through the proxy
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    take_and_record = StockTable.take_and_record
+
+    def killed_first(self: StockTable, *args: Any, **kwargs: Any) -> Any:
+        with psycopg.connect(  # a connection of the test's own, not through the proxy
+            dbname=connection.settings_dict["NAME"], user=connection.settings_dict["USER"],
+            host=proxy.target[0], port=proxy.target[1], autocommit=True,
+        ) as own:  # fmt: skip
+            own.execute("SELECT pg_terminate_backend(%s)", [pid])
+            wait_until(
+                lambda: own.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid]
+                ).fetchone()[0] == 0,
+                what="the buyer's session gone",
+            )  # fmt: skip
+        proxy.refusing = True
+        return take_and_record(self, *args, **kwargs)
+
+    monkeypatch.setattr(StockTable, "take_and_record", killed_first)
+    with pytest.raises(DatabaseError):  # (psycopg: "the connection is closed", or 57P01)
+        lua.reserve("killed-2", {"TEA": 1})
+    monkeypatch.undo()
+    proxy.refusing = False  # the storm is over; nothing was swept meanwhile
+    connection.close()  # (the test's session was the buyer's: a new one for the checks)
+    assert not Reservation.objects.filter(order_ref="killed-2").exists()
+    assert drift() == {}, "the killed write's unit is still taken in Redis"
+    book = audit("TEA", 3)
+    assert (book.oversold, book.lost, book.stock) == (0, 0, 2), book.summary()
+    # And it sells now, both units left, with no sweeper run.
+    assert lua.reserve("after-1", {"TEA": 1}).created and lua.reserve("after-2", {"TEA": 1})

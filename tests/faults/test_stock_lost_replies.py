@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
 
 import pytest
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import DatabaseError, close_old_connections
 
 from stock_locks import scripts
 from stock_locks.exceptions import RedisUnavailable
@@ -155,26 +154,6 @@ def test_lost_reply_of_a_release_redis_step(redis_through_proxy, redis_client, s
 
 
 # -- PostgreSQL replies ----------------------------------------------------------------
-
-
-@pytest.fixture
-def database_through(fault_proxy) -> Iterator[Callable[[], FaultProxy]]:
-    """``database_through()``: this process's default connection goes through a
-    FaultProxy to the same PostgreSQL (the test database, as pytest-django made it)."""
-    connection = connections["default"]
-    saved = (connection.settings_dict["HOST"], connection.settings_dict["PORT"])
-    target = int(saved[1] or 5432)
-
-    def start() -> FaultProxy:
-        proxy = fault_proxy(target)
-        connection.close()
-        connection.settings_dict["HOST"] = "127.0.0.1"
-        connection.settings_dict["PORT"] = proxy.port
-        return proxy
-
-    yield start
-    connection.close()
-    connection.settings_dict["HOST"], connection.settings_dict["PORT"] = saved
 
 
 STRATEGIES = ["lua", "watch", "lock", "db_conditional", "db_row_lock"]

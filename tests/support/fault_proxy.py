@@ -14,6 +14,7 @@ says nothing.
     proxy.swallowing()                # such connections the client has not closed yet
     proxy.stall()                     # forward nothing either way until resume()
     proxy.cut()                       # close every open connection now
+    proxy.refusing = True             # close each new connection as it is accepted
     proxy.held_requests               # while stalled: requests the "network" holds
     proxy.close()
 
@@ -98,6 +99,9 @@ class FaultProxy:
         self.lost = 0  # replies dropped so far
         self.lost_event = threading.Event()  # set each time a reply is dropped
         self.swallowed = 0  # replies swallowed so far (swallow_reply)
+        # While True, a new connection is accepted and closed at once (the server's side
+        # of a storm of killed connections); the open ones keep flowing.
+        self.refusing = False
 
     @property
     def url(self) -> str:
@@ -167,6 +171,9 @@ class FaultProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.refusing:
+                client.close()
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
                 upstream.settimeout(None)
