@@ -526,7 +526,8 @@ def test_oversell_stress_interrupted_by_ctrl_c_removes_what_it_made(redis_client
     process = subprocess.Popen(
         command,
         cwd=Path(__file__).resolve().parent.parent,
-        env={**os.environ, **child_environment()},
+        # (PYTHONFAULTHANDLER: should it hang, SIGABRT makes it print every thread's stack)
+        env={**os.environ, **child_environment(), "PYTHONFAULTHANDLER": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,  # its own process group, as a terminal's foreground job
@@ -534,7 +535,12 @@ def test_oversell_stress_interrupted_by_ctrl_c_removes_what_it_made(redis_client
     try:
         wait_until(_interrupt_marker, what="the buyers selling")
         os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: to the command and its workers
-        out, err = process.communicate(timeout=TIMEOUT)
+        try:
+            out, err = process.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            out, err = process.communicate(timeout=TIMEOUT)
+            raise AssertionError(f"no exit after Ctrl-C; its stacks:\n{err.decode()}") from None
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)

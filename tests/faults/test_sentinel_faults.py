@@ -54,7 +54,7 @@ from tests.support.fault_processes import Child, marker, stop_here, wait_stopped
 from tests.support.processes import event
 from tests.support.sentinel_failover import FailoverDeployment, Node
 from tests.support.stock_audit import audit, drift, sweep_until_quiet
-from tests.support.waiting import wait_until
+from tests.support.waiting import TIMEOUT, wait_until
 
 pytestmark = [
     pytest.mark.faults,
@@ -84,6 +84,10 @@ SKU = "FLASH"
 TTL = 1  # seconds an unpaid reservation holds its units
 TASKS = 3  # concurrent shoppers in one asyncio buyer
 RETRY_AFTER = 0.02  # seconds a refused shopper (sold out, 503) waits before it tries again
+# The sentinels reconfigure a returning primary some 8 s after they see it again (a
+# period of Sentinel's own), then the replica syncs: a bound on a wait for an event,
+# doubled from TIMEOUT for a machine busy with other test runs.
+REJOIN_WITHIN = 2 * TIMEOUT
 # Expected answers while Redis fails over: none moved a unit the database does not know of.
 EXPECTED = (OutOfStock, RedisUnavailable, LockTimeout, ContentionError, StaleFencingToken)
 
@@ -524,7 +528,7 @@ def test_a_primary_cut_off_from_the_sentinels_loses_what_it_acknowledged_and_ove
         assert counter_on(old, SKU) == on_old
 
         deployment.heal(old)
-        deployment.wait_rejoined(old)
+        deployment.wait_rejoined(old, timeout=REJOIN_WITHIN)
         deployment.wait_in_sync()
         # Demoted, the old primary holds the promoted one's data: what it alone
         # acknowledged is gone (the decrement of SIDE, the first grant).
@@ -680,7 +684,7 @@ def test_the_old_primary_restarted_rejoins_as_a_replica_and_everything_keeps_wor
         deployment.kill(old)
         new = deployment.wait_promoted(old)
         deployment.restart(old)  # empty, and a primary as its configuration says
-        assert deployment.wait_rejoined(old) is new
+        assert deployment.wait_rejoined(old, timeout=REJOIN_WITHIN) is new
 
         # This process's clients lived through it: after at most one connection the
         # failover closed, they work on the new primary.
