@@ -174,15 +174,17 @@ def as_django_redis_alias(deployment: RedisSentinelServers, **options: Any) -> I
     """Settings of a project on django-redis's SentinelConnectionFactory (no BACKENDS)
     whose stock_locks cache has OPTIONS ``options`` (django-redis's pools of an earlier
     configuration forgotten: it keeps them by URL)."""
-    caches = {"default": deployment.cache(1), "stock_locks": deployment.cache(0, **options)}
+    # (the factory per cache, as docs/backends.md advises: DJANGO_REDIS_CONNECTION_FACTORY
+    # would apply to every cache of the project)
+    factory = {"CONNECTION_FACTORY": CONNECTION_FACTORY}
+    caches = {
+        "default": deployment.cache(1, **factory),
+        "stock_locks": deployment.cache(0, **factory, **options),
+    }
     stock_locks = {**settings.STOCK_LOCKS, "REDIS_ALIAS": "stock_locks", "BACKENDS": {}}
     _forget_django_redis_pools()
     try:
-        with override_settings(
-            DJANGO_REDIS_CONNECTION_FACTORY=CONNECTION_FACTORY,
-            CACHES=caches,
-            STOCK_LOCKS=stock_locks,
-        ):
+        with override_settings(CACHES=caches, STOCK_LOCKS=stock_locks):
             yield
     finally:
         _forget_django_redis_pools()
