@@ -538,7 +538,10 @@ def test_oversell_stress_interrupted_by_ctrl_c_removes_what_it_made(redis_client
         try:
             out, err = process.communicate(timeout=TIMEOUT)
         except subprocess.TimeoutExpired:
+            # Its stacks (the workers keep the pipes open: they go once the stacks are out)
             process.send_signal(signal.SIGABRT)
+            process.wait(timeout=TIMEOUT)
+            os.killpg(process.pid, signal.SIGKILL)
             out, err = process.communicate(timeout=TIMEOUT)
             raise AssertionError(f"no exit after Ctrl-C; its stacks:\n{err.decode()}") from None
     finally:
