@@ -512,6 +512,10 @@ def test_oversell_stress_of_an_existing_sku_gives_its_stock_and_counter_back(
     assert Item.objects.get(code="WIDGET").on_hand == 9 == lua.available("WIDGET")
 
 
+def _default_sigint() -> None:  # in the child, before exec
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_marker() -> bool:
     return Reservation.objects.filter(order_ref__startswith="STRESS-").count() >= 10
 
@@ -532,6 +536,9 @@ def test_oversell_stress_interrupted_by_ctrl_c_removes_what_it_made(redis_client
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        # ... which takes Ctrl-C. A job started in the background by a shell without job
+        # control (a CI script's "&") inherits SIGINT ignored, and so would the command.
+        preexec_fn=_default_sigint,
     )
     try:
         wait_until(_interrupt_marker, what="the buyers selling")
