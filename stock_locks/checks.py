@@ -55,28 +55,23 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id=E004,
             )
         )
-    prefix = settings.KEY_PREFIX
-    if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
-        errors.append(
-            checks.Error(
-                f"STOCK_LOCKS['KEY_PREFIX'] must be a non-empty string without braces, "
-                f"got {prefix!r}.",
-                hint="Braces would move the cluster hash tag; use e.g. 'sl' or 'shop:sl'.",
-                id=E003,
+    hints = {
+        "KEY_PREFIX": "Braces would move the cluster hash tag; use e.g. 'sl' or 'shop:sl'.",
+        "STOCK_HASH_TAG": "It is the Redis Cluster hash tag that keeps every stock key (a "
+        "cart, its record) in one slot; without it every reservation on a cluster fails "
+        "as a cross-slot call. Use e.g. 'stock'.",
+    }
+    for name, hint in hints.items():
+        value = getattr(settings, name)
+        if not isinstance(value, str) or not value or "{" in value or "}" in value:
+            errors.append(
+                checks.Error(
+                    f"STOCK_LOCKS[{name!r}] must be a non-empty string without braces, "
+                    f"got {value!r}.",
+                    hint=hint,
+                    id=E003,
+                )
             )
-        )
-    tag = settings.STOCK_HASH_TAG
-    if not isinstance(tag, str) or not tag or "{" in tag or "}" in tag:
-        errors.append(
-            checks.Error(
-                f"STOCK_LOCKS['STOCK_HASH_TAG'] must be a non-empty string without braces, "
-                f"got {tag!r}.",
-                hint="It is the Redis Cluster hash tag that keeps every stock key (a cart, "
-                "its record) in one slot; without it every reservation on a cluster fails "
-                "as a cross-slot call. Use e.g. 'stock'.",
-                id=E003,
-            )
-        )
     max_hold = settings.LOCK_MAX_HOLD
     if max_hold is not None and (
         isinstance(max_hold, bool) or not isinstance(max_hold, int | float) or not max_hold > 0
