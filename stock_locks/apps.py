@@ -7,10 +7,11 @@ class StockLocksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # (Django's app loading: the checks read the models)
+        from . import checks, metrics  # (Django's app loading: the checks read the models)
         from .delayqueue import discover_handlers  # (app loading: handlers import models)
         from .stock import expiry, sync  # noqa: F401  # (app loading; expiry registers its handler)
 
         checks.register()
         sync.connect_signals()  # the stock model's saves keep the Redis counters in line
+        metrics.connect_roles()  # web processes, Celery workers and beat write heartbeats
         discover_handlers()  # every installed app's delay_handlers module

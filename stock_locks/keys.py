@@ -173,8 +173,16 @@ def slot_tag(slot: int) -> str:
 
 
 def timeline_key() -> str:
-    """The metrics timeline's base key; the bucket of second ``s`` is ``<base>:<s>``."""
+    """The metrics timeline's base key; the bucket of second ``s`` is ``<base>:<s>``,
+    of the ten seconds from ``t * 10`` ``<base>:10s:<t>``, and the processes'
+    heartbeats are the hash :func:`heartbeats_key`."""
     return f"{settings.key_prefix()}:metrics:{{metrics}}:timeline"
+
+
+def heartbeats_key() -> str:
+    """Hash ``role|host|pid`` -> when that process was last seen (ms, Redis clock),
+    written by the metrics flush beside the timeline (same slot)."""
+    return f"{timeline_key()}:processes"
 
 
 class StockKeys:

@@ -21,10 +21,18 @@ backend,outcome}`` (outcome ``granted``, ``timeout``, ``error``),
 ``stock_locks_lock_wait_seconds{primitive,backend}`` (histogram),
 ``stock_locks_leases_lost_total{primitive,backend}``,
 ``stock_locks_stale_fences_total``, ``stock_locks_reservations_total{strategy}``,
-``stock_locks_refusals_total{strategy}``, ``stock_locks_reserve_retries_total
+``stock_locks_refusals_total{strategy}``, ``stock_locks_errors_total{type}``
+(``unavailable``: Redis did not answer a reserve; ``database``, ``deadlock``: the
+database refused one; ``stale_fence``), ``stock_locks_reserve_retries_total
 {strategy}``, ``stock_locks_expiries_total``, ``stock_locks_dead_letters_total
 {queue}``, ``stock_locks_delay_lag_seconds{queue}`` (histogram: how late a
 claimed batch's earliest item was).
+
+Every process that records, serves requests (``request_started``), runs Celery
+tasks or beat (their ``*_init`` signals) also writes a heartbeat beside the
+timeline at each flush: ``role|host|pid`` -> when (Redis clock), roles ``web``,
+``worker``, ``beat``, and ``drainer`` after each delay-queue drain
+(:func:`announce`, :func:`seen`, :func:`connect_roles`).
 
 Signals (:mod:`stock_locks.signals`) ``lock_lost`` and ``stock_refused`` are
 sent from here too. ``STOCK_LOCKS["METRICS"] = False`` turns recording off.
@@ -35,9 +43,10 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import socket
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from . import scripts
@@ -52,10 +61,15 @@ log = logging.getLogger("stock_locks.metrics")
 BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 FLUSH_EVERY = 1.0  # seconds between flushes of the timeline deltas
 TIMELINE_KEEP = 900  # seconds a second's bucket of the timeline stays in Redis
+COARSE_KEEP = 3900  # seconds a ten-second bucket stays (an hour of history, and some)
 # The timeline's fields besides the histograms ("<name>_ms|<upper bound or inf>").
 RESERVATIONS = "reservations:"  # + strategy name: count per second
+UNITS = "units"  # units reserved, every strategy: count per second
 REFUSALS = "refusals:"  # + strategy name: count per second
 DEAD_LETTERS = "dead_letters"  # count per second
+ERRORS = "errors:"  # + type (unavailable, database, deadlock, stale_fence): count per second
+ERROR_TYPES = ("unavailable", "database", "deadlock", "stale_fence")
+ROLES = ("web", "worker", "beat", "drainer")
 
 _COUNTERS = {
     "lock_acquisitions": ("primitive", "backend", "outcome"),
@@ -63,6 +77,7 @@ _COUNTERS = {
     "stale_fences": (),
     "reservations": ("strategy",),
     "refusals": ("strategy",),
+    "errors": ("type",),
     "reserve_retries": ("strategy",),
     "expiries": (),
     "dead_letters": ("queue",),
@@ -74,6 +89,7 @@ _HELP = {
     "stale_fences": "Writes refused because their fencing token was stale.",
     "reservations": "Reservations made (repeats of an existing order ref not counted).",
     "refusals": "Reservations refused for lack of stock.",
+    "errors": "Reserves that failed (unavailable, database, deadlock) and stale fences.",
     "reserve_retries": "Optimistic retries of reservations.",
     "expiries": "Unpaid reservations released because they were due.",
     "dead_letters": "Delay-queue items moved to the dead-letter set.",
@@ -85,6 +101,8 @@ _lock = threading.Lock()
 _counts: dict[tuple, float] = {}  # (name, *labels) -> count
 _hist: dict[tuple, list[float]] = {}  # (name, *labels) -> bucket counts..., +Inf, sum (ms)
 _pending: Counter[str] = Counter()  # timeline field -> delta since the last flush
+_roles: set[str] = set()  # what this process is, written at every flush
+_seen: set[str] = set()  # what it did since the last flush (a drain), written once
 _flusher_pid = 0
 _prom: dict[str, Any] | None = None
 _prom_children: dict[tuple, Any] = {}
@@ -144,13 +162,25 @@ def lease_lost(primitive: str, backend: str, name: str) -> None:
 def stale_fence() -> None:
     if _enabled():
         _count("stale_fences", ())
+        _count("errors", ("stale_fence",), field=ERRORS + "stale_fence")
 
 
-def reserved(strategy: str, created: bool, retries: int) -> None:
+def failed(kind: str) -> None:
+    """A reserve failed: ``kind`` is ``unavailable`` (Redis did not answer),
+    ``deadlock`` or ``database`` (the database refused it)."""
+    if _enabled():
+        _count("errors", (kind,), field=ERRORS + kind)
+
+
+def reserved(strategy: str, created: bool, retries: int, units: int = 0) -> None:
+    """A reserve succeeded (``created``: it made the reservation, of ``units`` units)."""
     if not _enabled():
         return
     if created:
         _count("reservations", (strategy,), field=RESERVATIONS + strategy)
+        if units:
+            with _lock:
+                _pending[UNITS] += units
     if retries:
         _count("reserve_retries", (strategy,), retries)
 
@@ -311,6 +341,58 @@ def _prometheus(name: str, labels: tuple) -> Any:
     return child
 
 
+# -- heartbeats -----------------------------------------------------------------------
+
+
+def announce(role: str) -> None:
+    """This process is a ``role`` (``web``, ``worker``, ``beat``) from now on: its
+    heartbeat is written at every flush, about once a second."""
+    if role not in _roles and _enabled():
+        with _lock:
+            _roles.add(role)
+        _ensure_flusher()
+
+
+def seen(role: str) -> None:
+    """This process just did the work of ``role`` (``drainer``: a delay-queue drain):
+    written once, at the next flush."""
+    if _enabled():
+        with _lock:
+            _seen.add(role)
+        _ensure_flusher()
+
+
+def connect_roles() -> None:
+    """Announce the roles from Django's and Celery's signals: ``web`` at a request's
+    start, ``worker`` in a Celery worker (and each of its pool processes), ``beat`` in
+    Celery beat. Called once by the app config."""
+    from celery import signals as celery  # (Celery's signals import its app machinery)
+    from django.core.signals import request_started
+
+    def role(name: str) -> Any:
+        def receiver(**_kwargs: Any) -> None:
+            announce(name)
+
+        return receiver
+
+    for signal, name in [
+        (request_started, "web"),
+        (celery.worker_init, "worker"),
+        (celery.worker_ready, "worker"),
+        (celery.worker_process_init, "worker"),
+        (celery.beat_init, "beat"),
+    ]:
+        signal.connect(role(name), weak=False, dispatch_uid=f"stock_locks.metrics.{name}")
+
+
+def _heartbeat_fields() -> list[str]:
+    with _lock:
+        roles = _roles | _seen
+        _seen.clear()
+    where = f"{socket.gethostname()}|{os.getpid()}"
+    return [f"{name}|{where}" for name in sorted(roles)]
+
+
 # -- the timeline flusher ------------------------------------------------------------
 
 
@@ -323,6 +405,7 @@ def _ensure_flusher() -> None:
             return
         if _flusher_pid:  # a forked child: the parent's deltas are the parent's
             _pending.clear()
+            _seen.clear()
         _flusher_pid = os.getpid()
     threading.Thread(target=_flush_forever, name="stock_locks-metrics", daemon=True).start()
 
@@ -336,16 +419,17 @@ def _flush_forever() -> None:
 
 
 def flush(client: Any = None) -> bool:
-    """Add this process's figures since the last flush to the timeline in Redis now.
-    True when there was nothing to add or it was added; False when Redis could not
-    be reached (the figures are kept for the next flush)."""
+    """Add this process's figures since the last flush to the timeline in Redis now,
+    with its heartbeat. True when there was nothing to write or it was written; False
+    when Redis could not be reached (the figures are kept for the next flush)."""
     with _lock:
         deltas = dict(_pending)
         _pending.clear()
-    if not deltas:
+    beats = _heartbeat_fields()
+    if not deltas and not beats:
         return True
     try:
-        add_to_timeline(deltas, client)
+        add_to_timeline(deltas, client, beats)
         return True
     except Exception as exc:  # noqa: BLE001 (metrics never break the caller; kept for later)
         log.debug("metrics not flushed to Redis (%s); kept for the next flush", exc)
@@ -354,10 +438,12 @@ def flush(client: Any = None) -> bool:
         return False
 
 
-def add_to_timeline(deltas: dict[str, int], client: Any = None) -> int:
-    """Add ``deltas`` (field -> amount) to the timeline's bucket of the Redis server's
-    current second; that second. Raises redis-py's errors (the caller keeps the deltas)."""
-    argv: list[Any] = [TIMELINE_KEEP]
+def add_to_timeline(deltas: dict[str, int], client: Any = None, beats: Sequence[str] = ()) -> int:
+    """Add ``deltas`` (field -> amount) to the timeline's buckets of the Redis server's
+    current second (and ten seconds), and set the heartbeat ``beats`` (fields
+    ``role|host|pid``) to now; that second. Raises redis-py's errors (the caller
+    keeps the deltas)."""
+    argv: list[Any] = [TIMELINE_KEEP, COARSE_KEEP, len(beats), *beats]
     for name, amount in deltas.items():
         argv += [name, amount]
     # EVAL, not EVALSHA: once a second per process the source costs nothing, and the
@@ -367,8 +453,10 @@ def add_to_timeline(deltas: dict[str, int], client: Any = None) -> int:
 
 
 def reset() -> None:
-    """Forget this process's figures and unflushed deltas (tests)."""
+    """Forget this process's figures, unflushed deltas and roles (tests)."""
     with _lock:
         _counts.clear()
         _hist.clear()
         _pending.clear()
+        _roles.clear()
+        _seen.clear()

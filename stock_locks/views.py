@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import hmac
 
+from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
 from . import metrics
 from .conf import settings
+from .dashboard.snapshot import snapshot
+from .dashboard.summary import prometheus_gauges
+from .exceptions import BackendUnavailable
 
 
 @require_GET
@@ -27,4 +31,15 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         response["WWW-Authenticate"] = 'Bearer realm="stock_locks metrics"'
         return response
     body, content_type = metrics.exposition()
-    return HttpResponse(body, content_type=content_type)
+    return HttpResponse(body + _deployment_gauges(), content_type=content_type)
+
+
+def _deployment_gauges() -> bytes:
+    """The dashboard's summary as gauges (held locks, semaphores, delay queues, drift,
+    heartbeats); a comment instead when Redis or the database cannot answer, so the
+    process's own counters are still scraped."""
+    try:
+        page = snapshot(window=60)
+    except (BackendUnavailable, DatabaseError) as exc:
+        return f"# stock_locks deployment gauges unavailable: {type(exc).__name__}\n".encode()
+    return prometheus_gauges(page["summary"], page["processes"]).encode()

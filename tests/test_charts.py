@@ -56,10 +56,31 @@ def test_labels_are_escaped_and_nothing_needs_an_inline_allowance():
     assert "style=" not in svg and not re.search(r"\son\w+=", svg)
 
 
-def test_an_empty_timeline_says_so():
+def test_a_count_of_zero_is_a_line_at_zero_and_no_samples_say_so():
     timeline = Timeline(start=0, step=1, series={"dead_letters": [0.0] * 300})
-    assert "no data yet" in line_chart(timeline, {"dead letters": [0.0] * 300}, "per s")
-    assert "no data yet" in line_chart(Timeline(0, 1, {}), {}, "ms")
+    svg = line_chart(timeline, {"dead letters": [0.0] * 300}, "per s")
+    lines, _ = plotted(svg)
+    bottom = HEIGHT - BOTTOM
+    assert lines == [
+        [(round(LEFT + (WIDTH - LEFT - RIGHT) * i / 299, 1), bottom) for i in range(300)]
+    ]
+    assert "no data yet" not in svg and ">0<" in svg
+    p99 = Timeline(start=0, step=1, series={"p99": [None] * 300})
+    assert "no samples" in line_chart(p99, {"p99": [None] * 300}, "ms", empty="no samples")
+
+
+def test_the_unit_sits_above_the_plot_clear_of_the_tick_labels():
+    svg = line_chart(Timeline(0, 1, {"lua": [3, 7]}), {"lua": [3, 7]}, "per s")
+    unit_y = float(re.search(r'y="([^"]+)"[^>]*>per s<', svg).group(1))
+    tick_ys = [float(y) for y in re.findall(r'y="([^"]+)" text-anchor="end"[^>]*>[\d.k]+<', svg)]
+    assert tick_ys and unit_y < TOP and unit_y <= min(tick_ys) - 10  # a 10 px line apart
+
+
+def test_an_hour_of_ten_second_buckets_is_labelled_at_round_minutes():
+    timeline = Timeline(start=0, step=10, series={"lua": [1.0] * 360})
+    svg = line_chart(timeline, {"lua": timeline.series["lua"]}, "per s")
+    labels = re.findall(r'font-size="10" fill="#555">(now|-[^<]+)</text>', svg)
+    assert labels == ["now", "-10 min", "-20 min", "-30 min", "-40 min", "-50 min"]
 
 
 @pytest.mark.parametrize(
@@ -85,6 +106,9 @@ def test_the_dashboard_draws_what_the_processes_recorded(redis_client):
     assert lines or dots  # the 3 reservations of this second
     refresh = client.get(reverse("admin:stock_locks_dashboard_json")).json()
     charts = {chart["id"]: chart for chart in refresh["charts"]}
-    assert set(charts) == {"reservations", "refusals", "lock-wait", "delay-lag", "dead-letters"}
+    assert set(charts) == {
+        "reservations", "refusals", "errors", "lock-wait", "delay-lag", "dead-letters"
+    }  # fmt: skip
     assert ">lua</text>" in charts["refusals"]["svg"]
-    assert "no data yet" in charts["dead-letters"]["svg"]
+    assert plotted(charts["dead-letters"]["svg"])[0]  # a line at zero, not "no data yet"
+    assert ">none</text>" in charts["errors"]["svg"]

@@ -94,7 +94,9 @@ READ_TABLES = """(html) => {
          links: [...td.querySelectorAll("a")].map(link)}),
     }));
   }
-  for (const id of ["sl-lock-total", "sl-lock-pages", "sl-drifting"]) {
+  for (const id of ["sl-lock-total", "sl-lock-pages", "sl-drifting", "sl-sum-units", "sl-sum-paid",
+                    "sl-sum-refused", "sl-sum-errors", "sl-sum-locks", "sl-sum-permits",
+                    "sl-sum-waiting", "sl-sum-due", "sl-sum-dead", "sl-sum-drifting"]) {
     tables[id] = text(doc.getElementById(id));
   }
   return tables;
@@ -232,6 +234,22 @@ def other_sections(redis_client) -> Iterator[None]:
         Item.objects.create(code=code, title=title, on_hand=on_hand)
         redis_client.set(keys.counter(code), counter)
 
+    # A sale under way: units paid for, some held, some refused (the summary and the charts).
+    from stock_locks import metrics
+    from stock_locks.exceptions import OutOfStock
+    from stock_locks.stock import get_strategy
+
+    Item.objects.create(code="PAN", title="Pan", on_hand=12)
+    lua = get_strategy("lua")
+    for n in range(14):
+        try:
+            lua.reserve(f"pan-{n}", {"PAN": 1})
+        except OutOfStock:
+            continue
+        if n % 3:
+            lua.commit(f"pan-{n}")
+    assert metrics.flush()
+
     queue = DelayQueue("default", max_attempts=1)  # no handler: dead at once
     queue.schedule("shop.no_such_task", {"order": 7})  # due now, handled by nobody
     queue.schedule("shop.expire_order", {"order": 8}, delay=600)
@@ -277,6 +295,15 @@ def expect_every_section(page: Page, pid: int, fence: str) -> None:
     expect(page.locator('#sl-stock tr[data-sku="MUG"]')).not_to_have_class("sl-drift")
     expect(page.locator("#sl-drifting")).to_have_text("1")
     expect(page.get_by_role("link", name=re.compile("^Reconcile"))).to_be_visible()
+    # The first screen (1280x900): the summary strip and the sale's progress per SKU.
+    expect(page.locator("#sl-sum-units")).to_have_text("12")
+    expect(page.locator("#sl-sum-paid")).to_have_text("8")
+    expect(page.locator("#sl-sum-refused")).to_have_text("2")
+    expect(page.locator("#sl-sum-drifting")).to_have_text("1")
+    expect(page.locator('#sl-stock tr[data-sku="PAN"]')).to_contain_text("8 of 12 sold, 4 reserved")
+    for above_the_fold in ["#sl-summary", '#sl-stock tr[data-sku="PAN"]', "#sl-processes"]:
+        box = page.locator(above_the_fold).bounding_box()
+        assert box is not None and box["y"] + box["height"] <= 900, (above_the_fold, box)
 
 
 def refreshes(page: Page) -> int:
@@ -375,7 +402,10 @@ def run_live_page(page: Page, dashboard_url: str, pid: int, fence: str, second) 
     # The charts are swapped in by the refresh too (server-drawn SVG, no CSP violation),
     # and that acquire, flushed to the timeline, is on the lock-wait chart.
     wait_for_refresh(page)
-    expect(page.locator(".sl-chart svg")).to_have_count(5)
+    expect(page.locator(".sl-chart svg")).to_have_count(6)
+    tops = [page.locator(".sl-chart").nth(i).bounding_box()["y"] for i in range(3)]
+    assert tops[0] == tops[1] == tops[2], f"the charts are not in a grid: {tops}"
+    expect(page.locator("#sl-chart-reservations svg polyline").first).to_be_attached()
     expect(page.locator("#sl-chart-lock-wait svg :is(polyline, circle)").first).to_be_attached()
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -422,6 +452,15 @@ def run_static_page(page: Page, dashboard_url: str, pid: int, fence: str) -> Non
     search.press("Enter")
     expect(page).to_have_url(f"{dashboard_url}?q=order%3A")
     expect(page.locator(f'#sl-locks tr[data-lock="{LOCK}"]')).to_be_visible()
+
+    # Sorting and the history window are links: they work without JavaScript.
+    page.locator("#sl-stock thead").get_by_role("link", name="SKU").click()
+    expect(page.locator("#sl-stock tbody tr").first).to_have_attribute("data-sku", "KETTLE")
+    page.get_by_role("link", name="1h", exact=True).click()
+    expect(page.locator("#sl-status ~ strong, p.sl-muted strong").first).to_have_text("1h")
+    expect(page).to_have_url(re.compile(r"window=1h"))
+    expect(page.locator("#sl-stock tbody tr").first).to_have_attribute("data-sku", "KETTLE")
+    page.goto(dashboard_url)
 
     force_release_through_the_confirm_page(page, dashboard_url, pid, fence)
     expect(page.locator("#sl-lock-total")).to_have_text("0")

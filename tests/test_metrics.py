@@ -96,6 +96,7 @@ def test_reservations_and_refusals_are_counted_and_a_refusal_is_signalled(strate
     ]
 
 
+@pytest.mark.django_db
 def test_the_scrape_endpoint_wants_the_token(client):
     Lock("metrics:b").acquire()
     assert client.get("/stock-locks/metrics").status_code == 401

@@ -17,8 +17,10 @@ from django.utils.safestring import SafeString, mark_safe
 
 from . import timeline as tl
 
-WIDTH, HEIGHT = 460, 170
-LEFT, RIGHT, TOP, BOTTOM = 44, 10, 10, 40  # margins around the plot area
+WIDTH, HEIGHT = 300, 150
+LEFT, RIGHT, TOP, BOTTOM = 44, 10, 20, 40  # margins around the plot area (the unit above it)
+X_LABELS = 6  # at most this many time labels under a chart
+X_STEPS = (1, 2, 5, 10, 30, 60, 120, 300, 600, 900, 1800)  # seconds between time labels
 PALETTE = ("#2f6fb0", "#d1603d", "#3c9a5f", "#8a5cb8", "#c49a1a", "#4fa3a5", "#b5466b")
 
 
@@ -30,35 +32,49 @@ class Chart:
 
 
 def dashboard_charts(timeline: tl.Timeline) -> list[Chart]:
-    """The sale at a glance: reservations and refusals per second per strategy, lock
-    wait p99, delay-queue lag p99 and dead letters, over the timeline's window."""
+    """The sale at a glance: reservations and refusals per second per strategy, errors
+    per second by type, lock wait p99, delay-queue lag p99 and dead letters, over the
+    timeline's window. A count with nothing recorded is drawn as a line at zero."""
+    zeros: list[float | None] = [0.0] * timeline.length
 
-    def strategies(prefix: str) -> dict[str, Sequence[float | None]]:
-        return {name[len(prefix) :]: timeline.series[name] for name in timeline.names(prefix)}
+    def by_name(prefix: str, nothing: str) -> dict[str, Sequence[float | None]]:
+        found: dict[str, Sequence[float | None]] = {
+            name[len(prefix) :]: timeline.series[name] for name in timeline.names(prefix)
+        }
+        return found or {nothing: zeros}
 
     def one(name: str, label: str) -> dict[str, Sequence[float | None]]:
-        return {label: timeline.series.get(name, [])}
+        return {label: timeline.series.get(name, zeros)}
 
     return [
         Chart("reservations", "Reservations per second",
-              line_chart(timeline, strategies(tl.RESERVATIONS), "per s")),
+              line_chart(timeline, by_name(tl.RESERVATIONS, "none"), "per s")),
         Chart("refusals", "Refusals per second",
-              line_chart(timeline, strategies(tl.REFUSALS), "per s")),
+              line_chart(timeline, by_name(tl.REFUSALS, "none"), "per s")),
+        Chart("errors", "Errors per second",
+              line_chart(timeline, by_name(tl.ERRORS, "none"), "per s")),
         Chart("lock-wait", "Lock wait, p99 (ms)",
-              line_chart(timeline, one(tl.LOCK_WAIT_P99_MS, "p99"), "ms")),
+              line_chart(timeline, one(tl.LOCK_WAIT_P99_MS, "p99"), "ms",
+                         empty="no lock acquired in this window")),
         Chart("delay-lag", "Delay queue lag, p99 (ms)",
-              line_chart(timeline, one(tl.DELAY_LAG_P99_MS, "p99"), "ms")),
+              line_chart(timeline, one(tl.DELAY_LAG_P99_MS, "p99"), "ms",
+                         empty="no delay-queue item claimed in this window")),
         Chart("dead-letters", "Dead letters per second",
               line_chart(timeline, one(tl.DEAD_LETTERS, "dead letters"), "per s")),
     ]  # fmt: skip
 
 
 def line_chart(
-    timeline: tl.Timeline, lines: dict[str, Sequence[float | None]], unit: str
+    timeline: tl.Timeline,
+    lines: dict[str, Sequence[float | None]],
+    unit: str,
+    *,
+    empty: str = "no data yet",
 ) -> SafeString:
     """One SVG chart: a line per entry of ``lines`` (label -> one value per bucket of
-    ``timeline``; None draws a gap), x = time (seconds before the last bucket), y
-    from 0 to a round maximum. "No data yet" when nothing was recorded."""
+    ``timeline``; None draws a gap, 0 a line at zero), x = time before the last
+    bucket, y from 0 to a round maximum, ``unit`` above the y axis. ``empty`` is
+    written across it when no value is recorded at all (every one None)."""
     n = timeline.length
     values = [v for series in lines.values() for v in series if v is not None]
     parts = [
@@ -68,13 +84,15 @@ def line_chart(
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     parts.append(
         f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>'
+        f'<text x="{LEFT - 4}" y="{TOP - 8}" text-anchor="end" font-size="10" fill="#555">'
+        f"{escape(unit)}</text>"
     )
-    if n < 2 or not any(values):
+    if n < 2 or not values:
         parts.append(
             f'<text x="{LEFT + plot_w / 2}" y="{TOP + plot_h / 2}" text-anchor="middle" '
-            f'fill="#888" font-size="12">no data yet</text></svg>'
+            f'fill="#888" font-size="12">{escape(empty)}</text></svg>'
         )
-        return mark_safe("".join(parts))  # (every text above is ours)
+        return mark_safe("".join(parts))  # (every text above is ours or escaped)
     top = nice_ceiling(max(values))
 
     def x(i: int) -> float:
@@ -90,8 +108,9 @@ def line_chart(
             f'stroke="#eee"/><text x="{LEFT - 4}" y="{y(value) + 4:.1f}" text-anchor="end" '
             f'font-size="10" fill="#555">{escape(_number(value))}</text>'
         )
-    span = (n - 1) * timeline.step
-    every = 60 if span >= 120 else max(1, span // 4)  # x axis: seconds ago, round steps
+    span = (n - 1) * timeline.step  # x axis: time ago, at round steps, a step a bucket's multiple
+    steps = [s for s in X_STEPS if s % timeline.step == 0] or [timeline.step]
+    every = next((s for s in steps if span // s < X_LABELS), steps[-1])
     for ago in range(0, span + 1, every):
         i = n - 1 - ago // timeline.step
         label = "now" if ago == 0 else f"-{_duration(ago)}"
@@ -119,9 +138,7 @@ def line_chart(
             "</text>"
         )
         legend_x += 24 + 7 * len(label)
-    parts.append(
-        f'<text x="4" y="{TOP + 8}" font-size="10" fill="#555">{escape(unit)}</text></svg>'
-    )
+    parts.append("</svg>")
     return mark_safe("".join(parts))  # (labels escaped above)
 
 

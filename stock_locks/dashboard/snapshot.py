@@ -13,6 +13,7 @@ ISO 8601 strings, durations in seconds).
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from django.utils import timezone
@@ -31,14 +32,17 @@ from ..exceptions import BackendUnavailable
 from ..holder import LockInfo
 from ..keys import lock_keys, semaphore_scan_pattern, unescape_name
 from ..operations import semaphore_state
+from ..stock.progress import sold_since
 from ..stock.reconcile import stock_report
 from .charts import dashboard_charts
-from .timeline import recent
+from .summary import heartbeats, summary
+from .timeline import Timeline, recent
 
 SCAN_COUNT = 1000  # keys Redis looks at per SCAN call
 PAGE_SIZE = 100  # locks (and semaphores) read in detail per page
 DEAD_LETTERS_SHOWN = 20
 STOCK_ROWS_SHOWN = 200
+CHART_SECONDS = 300  # the charts' and the sold figures' window unless the page asks for another
 TOKEN_SHOWN = 8  # characters of a holder's token the page shows
 
 
@@ -201,44 +205,86 @@ def delay_queues(client: Any = None) -> list[dict[str, Any]]:
     return rows
 
 
-def stock() -> dict[str, Any]:
-    """Per SKU: database stock, Redis counter, open reservations and drift (drift first)."""
+# The stock table's orders: name -> (key of a row, descending). Drift first by default.
+STOCK_ORDERS: dict[str, tuple[Callable[[dict[str, Any]], Any], bool]] = {
+    "drift": (lambda row: (row["drift"] == 0, -row["taken"], row["sku"]), False),
+    "sku": (lambda row: row["sku"], False),
+    "sold": (lambda row: (row["sold"], row["reserved"]), True),
+    "taken": (lambda row: row["taken"], True),
+    "left": (lambda row: row["db"], False),
+}
+
+
+def stock(window: int = CHART_SECONDS, order: str = "drift") -> dict[str, Any]:
+    """Per SKU: the sale's progress over the last ``window`` seconds (``sold``: units
+    of reservations paid in it; ``of``: sold + open reservations + left; ``taken``:
+    the share sold or held, 0-1) beside database stock, Redis counter, open
+    reservations and drift; ordered by ``order`` (a key of ``STOCK_ORDERS``)."""
     if not settings.STOCK_MODEL:
-        return {"configured": False, "total": 0, "drifting": 0, "rows": []}
+        return {"configured": False, "total": 0, "drifting": 0, "paid": 0, "order": order,
+                "rows": []}  # fmt: skip
     report = stock_report()
-    report.sort(key=lambda row: (row.drift == 0, row.sku))
+    sold = sold_since(timezone.now() - dt.timedelta(seconds=window))
+    rows = []
+    for line in report:
+        row = line.as_dict()
+        row["sold"] = sold.get(line.sku, 0)
+        row["of"] = row["sold"] + line.reserved + line.db
+        row["taken"] = round((row["sold"] + line.reserved) / row["of"], 4) if row["of"] else 0.0
+        rows.append(row)
+    key, descending = STOCK_ORDERS.get(order, STOCK_ORDERS["drift"])
+    rows.sort(key=key, reverse=descending)
     return {
         "configured": True,
-        "total": len(report),
-        "drifting": sum(1 for row in report if row.drift),
-        "rows": [row.as_dict() for row in report[:STOCK_ROWS_SHOWN]],
+        "total": len(rows),
+        "drifting": sum(1 for row in rows if row["drift"]),
+        "paid": sum(sold.values()),
+        "order": order if order in STOCK_ORDERS else "drift",
+        "rows": rows[:STOCK_ROWS_SHOWN],
     }
 
 
-CHART_SECONDS = 300  # the charts' window
+def charts(timeline: Timeline) -> list[dict[str, Any]]:
+    """The charts of ``timeline`` as {"id", "title", "svg"} (the SVG markup is safe to
+    insert as it is)."""
+    return [{"id": c.id, "title": c.title, "svg": c.svg} for c in dashboard_charts(timeline)]
 
 
-def charts(client: Any = None) -> list[dict[str, Any]]:
-    """The charts of the last CHART_SECONDS (one read of the timeline), as
-    {"id", "title", "svg"} (the SVG markup is safe to insert as it is)."""
-    drawn = dashboard_charts(recent(CHART_SECONDS, client))
-    return [{"id": c.id, "title": c.title, "svg": c.svg} for c in drawn]
-
-
-def snapshot(lock_search: str = "", lock_page_number: int = 1) -> dict[str, Any]:
-    """The whole dashboard as one JSON-ready dict.
+def snapshot(
+    lock_search: str = "",
+    lock_page_number: int = 1,
+    window: int = CHART_SECONDS,
+    stock_order: str = "drift",
+) -> dict[str, Any]:
+    """The whole dashboard as one JSON-ready dict: the summary strip, the charts
+    and the sold figures over the last ``window`` seconds (at most an hour), the
+    stock table in ``stock_order``, one page of the held locks matching
+    ``lock_search``, and the other sections.
 
     Raises :class:`~stock_locks.exceptions.RedisUnavailable` when Redis did not
     answer (a ZooKeeper backend that does not answer is shown as such instead).
     """
     client = get_redis()
     with translated():
+        timeline = recent(window, client)
+        locks = lock_page(lock_search, lock_page_number, client)
+        sems, queues, stock_table = (
+            semaphores(client),
+            delay_queues(client),
+            stock(window, stock_order),
+        )
+        processes = heartbeats(client, timeline.now_ms)
         return {
             "generated_at": timezone.now().isoformat(),
-            "charts": charts(client),
-            "locks": lock_page(lock_search, lock_page_number, client),
+            "summary": summary(
+                timeline, held_locks=locks["total"], semaphores=sems, queues=queues,
+                stock=stock_table, processes=processes,
+            ),
+            "processes": processes,
+            "charts": charts(timeline),
+            "locks": locks,
             "backend_locks": backend_locks(lock_search),
-            "semaphores": semaphores(client),
-            "delay_queues": delay_queues(client),
-            "stock": stock(),
-        }
+            "semaphores": sems,
+            "delay_queues": queues,
+            "stock": stock_table,
+        }  # fmt: skip

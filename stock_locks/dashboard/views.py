@@ -4,6 +4,7 @@ operator actions. ``stock_locks.admin`` routes to them (``DashboardAdmin.get_url
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
@@ -15,7 +16,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from .actions import ACTIONS, dead_letter, perform, semaphore_holder, shown
-from .snapshot import CHART_SECONDS, lock_holder, snapshot, stock
+from .snapshot import STOCK_ORDERS, lock_holder, snapshot, stock
 
 VIEW_PERMISSION = "stock_locks.view_dashboard"
 FORCE_PERMISSION = "stock_locks.force_release"
@@ -28,8 +29,8 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     from the JSON view. Nothing inline, so a strict Content-Security-Policy
     (``script-src 'self'; style-src 'self'``) lets it all run."""
     _require(request, VIEW_PERMISSION)
-    search, page = _lock_query(request)
-    page_data = snapshot(search, page)
+    query = _query(request)
+    page_data = snapshot(query.search, query.page, query.window, query.order)
     context = {
         **model_admin.admin_site.each_context(request),
         "title": "Locks, semaphores, delay queues and stock",
@@ -45,21 +46,27 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
             for queue in page_data["delay_queues"]
             for letter in queue["dead_letters"]
         ],
-        "pager": _pager(search, page_data["locks"]),
-        "search": search,
+        "pager": _pager(query, page_data["locks"]),
+        "search": query.search,
+        "windows": [
+            {"label": label, "query": query.link(window=label), "current": seconds == query.window}
+            for label, seconds in WINDOWS.items()
+        ],
+        "stock_orders": {name: query.link(order=name) for name in STOCK_ORDERS},
+        "order": page_data["stock"]["order"],
         "can_force": request.user.has_perm(FORCE_PERMISSION),
         "json_url": reverse("admin:stock_locks_dashboard_json"),
         "refresh_seconds": REFRESH_SECONDS,
         "refresh_ms": REFRESH_SECONDS * 1000,
-        "chart_minutes": CHART_SECONDS // 60,
+        "window_minutes": query.window // 60,
     }
     return TemplateResponse(request, "admin/stock_locks/dashboard.html", context)
 
 
 def json_view(model_admin: Any, request: HttpRequest) -> JsonResponse:
     _require(request, VIEW_PERMISSION)
-    search, page = _lock_query(request)
-    return JsonResponse(snapshot(search, page))
+    query = _query(request)
+    return JsonResponse(snapshot(query.search, query.page, query.window, query.order))
 
 
 def action_view(model_admin: Any, request: HttpRequest, action: str) -> HttpResponse:
@@ -95,30 +102,62 @@ def _require(request: HttpRequest, permission: str) -> None:
         raise PermissionDenied
 
 
-def _lock_query(request: HttpRequest) -> tuple[str, int]:
+# The history the page offers: ?window=<label>.
+WINDOWS = {"5m": 300, "15m": 900, "1h": 3600}
+DEFAULT_WINDOW = "5m"
+
+
+@dataclass(frozen=True)
+class _Query:
+    """What the page's query string asks for: the held locks' search and page, the
+    history window (seconds) and the stock table's order. Anything malformed falls
+    back to its default."""
+
+    search: str = ""
+    page: int = 1
+    window_label: str = DEFAULT_WINDOW
+    order: str = "drift"
+
+    @property
+    def window(self) -> int:
+        return WINDOWS[self.window_label]
+
+    def link(self, **changes: Any) -> str:
+        """This query string with ``changes`` (``page``, ``window``, ``order``); other
+        values left out where they are the default. The page's script builds the same."""
+        values = {"q": self.search, "page": self.page, "window": self.window_label,
+                  "order": self.order, **changes}  # fmt: skip
+        defaults = {"q": "", "page": 1, "window": DEFAULT_WINDOW, "order": "drift"}
+        return urlencode({k: v for k, v in values.items() if k in changes or v != defaults[k]})
+
+
+def _query(request: HttpRequest) -> _Query:
     try:
         page = max(1, int(request.GET.get("page", 1)))
     except ValueError:
         page = 1
-    return request.GET.get("q", "").strip()[:200], page
+    window = request.GET.get("window", DEFAULT_WINDOW)
+    order = request.GET.get("order", "drift")
+    return _Query(
+        search=request.GET.get("q", "").strip()[:200],
+        page=page,
+        window_label=window if window in WINDOWS else DEFAULT_WINDOW,
+        order=order if order in STOCK_ORDERS else "drift",
+    )
 
 
-def _pager(search: str, locks: dict[str, Any]) -> dict[str, Any] | None:
+def _pager(query: _Query, locks: dict[str, Any]) -> dict[str, Any] | None:
     """Page N of M of the held locks, with the previous and next pages' query
     strings (None for one page). The page's script builds the same."""
     pages = max(1, math.ceil(locks["total"] / locks["page_size"]))
     page = locks["page"]
     if pages == 1 and page == 1:
         return None
-
-    def query(number: int) -> str:
-        return urlencode({"q": search, "page": number} if search else {"page": number})
-
     return {
         "page": page,
         "pages": pages,
-        "previous": query(min(page - 1, pages)) if page > 1 else None,
-        "next": query(page + 1) if page < pages else None,
+        "previous": query.link(page=min(page - 1, pages)) if page > 1 else None,
+        "next": query.link(page=page + 1) if page < pages else None,
     }
 
 

@@ -257,7 +257,9 @@ class DelayQueue:
     # -- looking ---------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Due now, scheduled, in flight, dead, and the next due time (Redis clock)."""
+        """Due now, scheduled, in flight, dead, the next due time, and how long the
+        oldest due item has waited (``oldest_due_age``, seconds; None when none is
+        due). Redis clock."""
         k = self.keys
         now, due_now, scheduled, in_flight, dead, next_due, next_visible = self._run(
             _script(scripts.DELAY_STATS, (k.due, k.inflight, k.dead), ())
@@ -270,6 +272,7 @@ class DelayQueue:
             "dead": dead,
             "next_due": None if next_due < 0 else _epoch_ms_to_datetime(next_due),
             "next_due_in": None if next_due < 0 else max(0.0, (next_due - now) / 1000),
+            "oldest_due_age": None if not 0 <= next_due <= now else (now - next_due) / 1000,
             "next_redelivery_in": None
             if next_visible < 0
             else max(0.0, (next_visible - now) / 1000),

@@ -92,6 +92,7 @@ def drain(queue: DelayQueue, *, limit: int | None = None, max_batches: int = 50)
     finally:
         if keeper is not None:
             keeper.close()
+    metrics.seen("drainer")  # the dashboard's heartbeat of the drainers (and of beat's ticks)
     return result
 
 

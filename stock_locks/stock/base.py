@@ -15,12 +15,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, connections, router, transaction
+from django.db import DatabaseError, IntegrityError, connections, router, transaction
 
 from .. import metrics, scripts
 from ..backends.redis.client import get_redis
 from ..backends.redis.errors import REDIS_OR_OS_ERRORS
-from ..exceptions import OutOfStock
+from ..exceptions import OutOfStock, RedisUnavailable
 from ..keys import StockKeys
 from ..models import Reservation
 from . import expiry
@@ -96,7 +96,8 @@ class StockStrategy(ABC):
             get_redis().ping()
 
     def counting_refusals(self, order_ref: str) -> RefusalCounter:
-        """Around a reserve's decision: record its refusal (metrics, ``stock_refused``)."""
+        """Around a reserve's decision: record its refusal (metrics, ``stock_refused``)
+        or its failure (Redis unavailable, the database's error)."""
         return RefusalCounter(self.name, order_ref)
 
     async def areserve(
@@ -117,7 +118,7 @@ class StockStrategy(ABC):
 
     def after_reserve(self, reservation: Reservation, ttl_ms: int | None) -> Reservation:
         """After a reserve: record it, schedule a new reservation's expiry."""
-        metrics.reserved(self.name, reservation.created, reservation.retries)
+        metrics.reserved(self.name, reservation.created, reservation.retries, reservation.units)
         if reservation.created and ttl_ms is not None:
             expiry.schedule(reservation)
         return reservation
@@ -239,10 +240,17 @@ class RefusalCounter:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, refusal: Any, _tb: Any) -> None:
-        if kind is not None and issubclass(kind, OutOfStock):
+        if kind is None:
+            return
+        if issubclass(kind, OutOfStock):
             metrics.refused(
                 self.strategy, self.order_ref, refusal.sku, refusal.requested, refusal.available
             )
+        elif issubclass(kind, RedisUnavailable):
+            metrics.failed("unavailable")
+        elif issubclass(kind, DatabaseError):
+            deadlock = getattr(getattr(refusal, "__cause__", None), "sqlstate", None) == "40P01"
+            metrics.failed("deadlock" if deadlock else "database")
 
 
 def strategy_of(reservation: Reservation, default: StockStrategy) -> StockStrategy:

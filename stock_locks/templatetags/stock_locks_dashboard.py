@@ -11,6 +11,8 @@ import datetime as dt
 from decimal import ROUND_HALF_UP, Decimal
 
 from django import template
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 
 register = template.Library()
 
@@ -33,6 +35,7 @@ def sl_clock(iso: str | None) -> str:
     return _utc(iso).strftime("%H:%M:%S") if iso else MISSING
 
 
+@register.filter("sl_decimal")
 @register.filter
 def sl_seconds(seconds: float | None) -> str:
     """A duration in seconds with one decimal (``-`` for none: no expiry).
@@ -43,3 +46,22 @@ def sl_seconds(seconds: float | None) -> str:
     if seconds is None:
         return MISSING
     return str(Decimal(seconds).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP))
+
+
+@register.filter
+def sl_label(name: str) -> str:
+    """A figure's name as words (``stale_fence`` -> ``stale fence``)."""
+    return name.replace("_", " ")
+
+
+@register.simple_tag(takes_context=True)
+def sl_sort(context: template.Context, order: str, label: str) -> str:
+    """A column header's link that sorts the stock table by ``order`` (the page's
+    other choices kept), marked when it is the current order."""
+    current = context["order"] == order
+    return format_html(
+        '<a href="?{}"{}>{}</a>',
+        context["stock_orders"][order],
+        mark_safe(' class="sl-sorted" aria-current="true"') if current else "",
+        label,
+    )

@@ -19,6 +19,7 @@
   const actionUrl = root.dataset.actionUrl; // absent without the force permission
   const actionColumn = actionUrl ? 1 : 0;
   const search = (new URLSearchParams(window.location.search).get("q") || "").trim();
+  const WINDOWS = { 300: "5m", 900: "15m", 3600: "1h" }; // seconds -> ?window= (views.WINDOWS)
   let refreshes = 0; // successful ones; the browser test waits on data-refreshes
 
   // -- formats, as the template's filters ----------------------------------------
@@ -29,6 +30,7 @@
   const seconds = (s) => (s === null || s === undefined ? MISSING : Number(s).toFixed(1));
   const blank = (v) => (v === null || v === undefined ? "" : String(v));
   const who = (h) => `${blank(h.host)} / ${blank(h.pid)} / ${blank(h.thread)}`;
+  const label = (name) => name.replaceAll("_", " ");
 
   // -- building rows ---------------------------------------------------------------
   function el(tag, attrs, ...children) {
@@ -71,7 +73,7 @@
     return row;
   }
 
-  function pager(locks) {
+  function pager(locks, snapshot) {
     const span = document.getElementById("sl-lock-pages");
     const pages = Math.max(1, Math.ceil(locks.total / locks.page_size));
     const page = locks.page;
@@ -80,8 +82,13 @@
       return;
     }
     const query = (number) => {
+      // As the server's _Query.link: q when given, the page, window and order when
+      // they are not the defaults.
       const params = new URLSearchParams(search ? { q: search } : {});
       params.set("page", number);
+      const windowLabel = WINDOWS[snapshot.summary.window];
+      if (windowLabel && windowLabel !== "5m") params.set("window", windowLabel);
+      if (snapshot.stock.order !== "drift") params.set("order", snapshot.stock.order);
       return `?${params}`;
     };
     span.replaceChildren(`page ${page} of ${pages} `);
@@ -162,10 +169,13 @@
   }
 
   function stockRow(row) {
+    const bar = el("progress", { max: row.of, value: row.sold + row.reserved });
     return el(
       "tr",
       { "data-sku": row.sku, class: row.drift ? "sl-drift" : null },
       cell(row.sku),
+      el("td", { class: "sl-progress" }, bar,
+        ` ${row.sold} of ${row.of} sold, ${row.reserved} reserved`),
       cell(row.db, "num"),
       cell(row.redis === null || row.redis === undefined ? "-" : row.redis, "num"),
       cell(row.reserved, "num"),
@@ -174,7 +184,49 @@
     );
   }
 
+  // List items with a space between them, as the template's line breaks give.
+  const spaced = (items) => items.flatMap((item, i) => (i ? [" ", item] : [item]));
+
+  function text(id, value) {
+    document.getElementById(id).textContent = String(value);
+  }
+
+  function renderSummary(sum, processes) {
+    text("sl-sum-units-rate", Number(sum.units_per_second).toFixed(1));
+    text("sl-sum-units", sum.units);
+    text("sl-sum-paid", sum.paid);
+    text("sl-sum-refused-rate", Number(sum.refused_per_second).toFixed(1));
+    text("sl-sum-refused", sum.refused);
+    document.getElementById("sl-sum-errors").replaceChildren(
+      ...spaced(
+        Object.entries(sum.errors).map(([kind, count]) =>
+          el("li", count ? { class: "sl-error" } : null, `${label(kind)} `, el("b", null, String(count))),
+        ),
+      ),
+    );
+    text("sl-sum-locks", sum.held_locks);
+    text("sl-sum-permits", `${sum.semaphores.held} of ${sum.semaphores.limit}`);
+    text("sl-sum-waiting", sum.semaphores.waiting);
+    text("sl-sum-due", sum.delay.due);
+    const oldest = sum.delay.oldest_due_age;
+    text("sl-sum-oldest", oldest === null ? "none" : `${seconds(oldest)} s`);
+    text("sl-sum-dead", sum.delay.dead);
+    text("sl-sum-drifting", sum.drifting);
+    document.getElementById("sl-sum-drift-card").classList.toggle("sl-alarm", sum.drifting > 0);
+    const items = processes.map((p) =>
+      el(
+        "li",
+        { class: p.alive ? "sl-alive" : "sl-silent", "data-process": `${p.role}|${p.host}|${p.pid}` },
+        `${p.role} ${p.host}/${p.pid} `,
+        el("b", null, `${seconds(p.age)} s`),
+      ),
+    );
+    const none = el("li", { class: "sl-silent" }, "no process has reported yet");
+    document.getElementById("sl-processes").replaceChildren(...spaced(items.length ? items : [none]));
+  }
+
   function render(snapshot) {
+    renderSummary(snapshot.summary, snapshot.processes);
     for (const chart of snapshot.charts) {
       // Markup drawn by the server (stock_locks/charts.py), every label escaped there.
       const box = document.querySelector(`#sl-chart-${chart.id} .sl-chart-box`);
@@ -184,14 +236,14 @@
     document.getElementById("sl-lock-total").textContent = String(locks.total);
     const noLock = search ? "No held lock matches the search." : "No lock is held.";
     fill("sl-locks", locks.rows.map(lockRow), 9 + actionColumn, noLock);
-    pager(locks);
+    pager(locks, snapshot);
     fill("sl-semaphores", semaphoreRows(snapshot.semaphores), 6 + actionColumn,
       "No semaphore permit is held.");
     fill("sl-queues", snapshot.delay_queues.map(queueRow), 6, "No delay queue.");
     fill("sl-dead", deadLetterRows(snapshot.delay_queues), 6 + actionColumn, "No dead letters.");
     const stock = snapshot.stock;
     document.getElementById("sl-drifting").textContent = String(stock.drifting);
-    fill("sl-stock", stock.rows.map(stockRow), 6,
+    fill("sl-stock", stock.rows.map(stockRow), 7,
       stock.configured ? "No SKU." : "STOCK_LOCKS['STOCK_MODEL'] is not set.");
     const updated = document.getElementById("sl-updated");
     updated.dateTime = snapshot.generated_at;
