@@ -7,7 +7,7 @@ class StockLocksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, metrics  # (Django's app loading: the checks read the models)
+        from . import checks, metrics  # (app loading: checks read models; metrics: signals)
         from .delayqueue import discover_handlers  # (app loading: handlers import models)
         from .stock import expiry, sync  # noqa: F401  # (app loading; expiry registers its handler)
 

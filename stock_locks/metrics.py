@@ -49,6 +49,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from django.core.signals import request_started
+
 from . import scripts
 from .backends.redis.client import get_redis
 from .conf import settings
@@ -367,7 +369,6 @@ def connect_roles() -> None:
     start, ``worker`` in a Celery worker (and each of its pool processes), ``beat`` in
     Celery beat. Called once by the app config."""
     from celery import signals as celery  # (Celery's signals import its app machinery)
-    from django.core.signals import request_started
 
     def role(name: str) -> Any:
         def receiver(**_kwargs: Any) -> None:

@@ -20,6 +20,8 @@ APP_LOADING = {
     ("stock_locks.apps", "stock_locks.checks"),
     ("stock_locks.apps", "stock_locks.delayqueue"),
     ("stock_locks.apps", "stock_locks.stock"),
+    # ready() connects the heartbeats' roles to Django's and Celery's signals.
+    ("stock_locks.apps", "stock_locks.metrics"),
     # A Celery worker imports the tasks before Django's apps are ready.
     ("stock_locks.tasks", "stock_locks.stock.sweeper"),
 }
