@@ -228,7 +228,7 @@ def ceiling_calls() -> tuple:
         ref = f"ceiling-raw-{next(refs)}"
         return client.evalsha(
             reserve_sha, 7, keys.record(ref), index, keys.loaded, keys.versions,
-            keys.confirm_queue, keys.confirm_leader, counter, ref, 1, HOT_SKU,
+            keys.confirm_queue, keys.confirm_leader, counter, ref, 0, 1, HOT_SKU,
         )  # fmt: skip
 
     def redis_half():

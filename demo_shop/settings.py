@@ -135,6 +135,8 @@ STOCK_LOCKS = {
     "STOCK_QUANTITY_FIELD": "stock",
     "DELAY_QUEUE_INTERVAL": float(os.environ.get("DELAY_QUEUE_INTERVAL", 1)),
     "DECORATOR_TIMEOUT": 5,  # seconds a pay or cancel waits for its order's lock
+    # The limited edition: one per customer (the API names the customer: see shop.views).
+    "CAPS": {"kettle-limit": {"skus": ["KETTLE"], "max": 1}},
 }
 
 AUTH_PASSWORD_VALIDATORS = []

@@ -19,6 +19,7 @@ from .backends.redis import RedisBackend
 from .backends.redis.client import get_redis, names_its_redis
 from .backends.redis.transport import on_own_connection
 from .conf import DEFAULTS, settings
+from .stock.caps import parse_caps
 
 TAG = "stock_locks"
 
@@ -105,6 +106,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         errors.append(
             checks.Error(f"STOCK_LOCKS['REPLICAS'] must be an int >= 0, got {replicas!r}.", id=E003)
         )
+    try:
+        parse_caps(settings.CAPS)
+    except ValueError as exc:
+        errors.append(checks.Error(f"STOCK_LOCKS['CAPS']: {exc}.", id=E003))
     return errors
 
 

@@ -86,6 +86,10 @@ DEFAULTS: dict[str, Any] = {
         "db_row_lock": "stock_locks.stock.db.RowLockStrategy",
         "db_conditional": "stock_locks.stock.db.ConditionalUpdateStrategy",
     },
+    # Purchase caps per customer: {name: {"skus": [...], "max": N, "period": seconds
+    # (a rolling window; optional), "since": ISO 8601 (optional)}}
+    # (stock_locks.stock.caps).
+    "CAPS": {},
     # Largest cart: lines per reservation, and units per line.
     "MAX_CART_LINES": 50,
     "MAX_LINE_QUANTITY": 1000,

@@ -99,6 +99,32 @@ class OutOfStock(StockLocksError):
         self.available = available
 
 
+class CapExceeded(StockLocksError):
+    """A cart would take a customer past a purchase cap. Nothing was reserved.
+
+    ``sku``: the first capped SKU of the cart, ``cap``: the cap's name, ``limit``:
+    its max, ``bought``: the customer's units under it in its window already,
+    ``requested``: the cart's units under it.
+    """
+
+    def __init__(self, *, sku: str, cap: str, limit: int, bought: int, requested: int) -> None:
+        super().__init__(
+            f"cap {cap!r}: at most {limit} per customer; already {bought}, asked {requested} "
+            f"(of {sku!r})"
+        )
+        self.sku, self.cap, self.limit = sku, cap, limit
+        self.bought, self.requested = bought, requested
+
+
+class CustomerRequired(StockLocksError):
+    """A cart touches a SKU capped per customer, and no customer was named. Nothing
+    was reserved."""
+
+    def __init__(self, message: str, *, cap: str) -> None:
+        super().__init__(message)
+        self.cap = cap
+
+
 class ContentionError(StockLocksError):
     """An optimistic (WATCH) reservation kept conflicting; nothing was reserved."""
 

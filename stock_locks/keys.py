@@ -195,6 +195,9 @@ class StockKeys:
     from the database; its absence means Redis lost its data.
     ``versions``: hash sku -> version, bumped by every script that moves that SKU's
     counter, so a reader can tell that a counter did not move between two reads.
+    ``cap_usage(cap, customer)``: hash order ref -> ``units:ms``, the customer's
+    reservations under a purchase cap; ``record(ref) + ":caps"``: hash usage key ->
+    units, the caps a record counts under (:mod:`stock_locks.stock.caps`).
     ``confirm_queue``, ``confirm_leader``, ``confirm_reply(ref)``: the group commit's
     queue of reservations waiting for the database, its leader, and the answer list
     of one waiting caller (:mod:`stock_locks.stock.groupcommit`).
@@ -210,12 +213,17 @@ class StockKeys:
         self.confirm_queue = f"{self.base}:confirm"
         self.confirm_leader = f"{self.base}:confirm:leader"
         self._confirm_reply = f"{self.base}:confirm:reply:"
+        self._cap = f"{self.base}:cap:"
 
     def counter(self, sku: str) -> str:
         return self._counter + sku
 
     def record(self, order_ref: str) -> str:
         return self._record + order_ref
+
+    def cap_usage(self, cap: str, customer: str) -> str:
+        """Hash order ref -> ``units:ms`` of ``customer``'s reservations under ``cap``."""
+        return f"{self._cap}{cap}:{customer}"
 
     def confirm_reply(self, order_ref: str) -> str:
         return self._confirm_reply + order_ref

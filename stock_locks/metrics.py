@@ -70,7 +70,8 @@ UNITS = "units"  # units reserved, every strategy: count per second
 REFUSALS = "refusals:"  # + strategy name: count per second
 DEAD_LETTERS = "dead_letters"  # count per second
 ERRORS = "errors:"  # + type (unavailable, database, deadlock, stale_fence): count per second
-ERROR_TYPES = ("unavailable", "database", "deadlock", "stale_fence")
+ERROR_TYPES = ("unavailable", "database", "deadlock", "stale_fence", "cap")
+CAPPED = "capped:"  # + SKU: reserves refused by a purchase cap, count per second
 ROLES = ("web", "worker", "beat", "drainer")
 
 _COUNTERS = {
@@ -165,6 +166,14 @@ def stale_fence() -> None:
     if _enabled():
         _count("stale_fences", ())
         _count("errors", ("stale_fence",), field=ERRORS + "stale_fence")
+
+
+def capped(sku: str) -> None:
+    """A reserve was refused by a purchase cap (first capped SKU of the cart)."""
+    if _enabled():
+        _count("errors", ("cap",), field=ERRORS + "cap")
+        with _lock:
+            _pending[CAPPED + sku] += 1
 
 
 def failed(kind: str) -> None:

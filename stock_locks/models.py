@@ -22,6 +22,10 @@ class Reservation(models.Model):
 
     order_ref = models.CharField(max_length=100, unique=True)
     lines = models.JSONField(help_text="SKU -> quantity reserved.")
+    customer = models.CharField(
+        max_length=150, blank=True, default="", db_default="",
+        help_text="Who the units count against under purchase caps ('' for none).",
+    )  # fmt: skip
     strategy = models.CharField(max_length=32)
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.RESERVED, db_index=True
@@ -38,7 +42,10 @@ class Reservation(models.Model):
     class Meta:
         ordering = ["-created_at"]
         # The dashboard's "sold in the last hour" (stock_locks.stock.progress).
-        indexes = [models.Index(fields=["status", "updated_at"], name="stock_locks_status_upd")]
+        indexes = [
+            models.Index(fields=["status", "updated_at"], name="stock_locks_status_upd"),
+            models.Index(fields=["customer", "created_at"], name="stock_locks_customer"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.order_ref} ({self.status})"
@@ -46,6 +53,23 @@ class Reservation(models.Model):
     @property
     def units(self) -> int:
         return sum(self.lines.values())
+
+
+class CapHold(models.Model):
+    """One row per (cap, customer), locked while a reservation of theirs under that
+    cap counts their units, so two carts of one customer are counted one after the
+    other (stock_locks.stock.caps). Holds no figure: the reservations are the record."""
+
+    cap = models.CharField(max_length=100)
+    customer = models.CharField(max_length=150)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cap", "customer"], name="stock_locks_cap_hold")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cap} / {self.customer}"
 
 
 class Dashboard(models.Model):

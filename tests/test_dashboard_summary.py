@@ -82,7 +82,9 @@ def test_the_strip_counts_sales_refusals_and_errors_by_type(root, redis_client, 
 
     figures = summary_of(root)["summary"]
     assert (figures["units"], figures["reservations"], figures["refused"]) == (3, 2, 2)
-    assert figures["errors"] == {"unavailable": 1, "database": 0, "deadlock": 0, "stale_fence": 1}
+    assert figures["errors"] == {
+        "unavailable": 1, "database": 0, "deadlock": 0, "stale_fence": 1, "cap": 0
+    }  # fmt: skip
     assert figures["window"] == 300
     page = root.get(reverse(PAGE)).content.decode()
     strip = re.search(r'<div class="sl-summary" id="sl-summary">(.*?)\n  </div>', page, re.S)

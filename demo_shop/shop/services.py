@@ -124,7 +124,11 @@ def default_strategy() -> str:
 
 
 def place_order(
-    cart: dict[str, int], strategy_name: str, key: str | None = None, ttl: float | None = None
+    cart: dict[str, int],
+    strategy_name: str,
+    key: str | None = None,
+    ttl: float | None = None,
+    customer: str | None = None,
 ) -> tuple[Order, bool]:
     """Reserve the cart for ``ttl`` seconds and create the order; (order, created).
 
@@ -133,8 +137,10 @@ def place_order(
     ``ttl`` seconds (default ``settings.ORDER_TTL``): the library schedules
     that, from the Redis clock, and the order's ``expires_at`` is the
     reservation's (when the delay queue acts). Its expiry marks the order
-    EXPIRED (see expiry.py). Raises what the strategy raises (OutOfStock,
-    InvalidQuantity, RedisUnavailable, ...); nothing is kept then.
+    EXPIRED (see expiry.py). ``customer`` is who the units count against under
+    the purchase caps (settings STOCK_LOCKS["CAPS"]). Raises what the strategy
+    raises (OutOfStock, CapExceeded, InvalidQuantity, RedisUnavailable, ...);
+    nothing is kept then.
     """
     ref = f"shop-{key}" if key else f"shop-{uuid.uuid4().hex}"
     if key:
@@ -150,7 +156,7 @@ def place_order(
             return existing, False
     ttl = settings.ORDER_TTL if ttl is None else ttl
     strategy = get_strategy(strategy_name)
-    reservation = strategy.reserve(ref, cart, ttl=ttl)
+    reservation = strategy.reserve(ref, cart, ttl=ttl, customer=customer)
     try:
         with transaction.atomic():
             # The reservation's row lock: an expiry releasing it now waits for this

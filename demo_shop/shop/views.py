@@ -2,7 +2,8 @@
 
 GET  /api/products/                 products with their stock
 POST /api/orders/                   {"items": [{"sku": "TEA", "qty": 1}]}
-                                    201 order | 400 bad input | 409 out of stock | 503 Redis down
+                                    201 order | 400 bad input | 409 out of stock or
+                                    cap_exceeded | 503 Redis down
                                     (header Idempotency-Key: a retry returns the first order, 200)
 GET  /api/orders/<id>/              the order
 POST /api/orders/<id>/pay/          200 paid | 409 cancelled or expired
@@ -12,6 +13,12 @@ The stock strategy is the server's (settings SHOP_STRATEGY, SHOP_SKU_STRATEGIES)
 a body naming one is a 400 unless the demo-only SHOP_STRATEGY_FROM_REQUEST is on
 (see services.choose_strategy). A fenced write refused because a newer lock
 holder wrote first is a 409 "stale_fence": nothing changed, try again.
+
+Purchase caps (settings STOCK_LOCKS["CAPS"]) count against the customer: the
+signed-in user ("user:<id>"), else for a guest the e-mail in the header
+X-Customer-Email (a real shop would use an address it verified), else the
+session ("session:<key>", created on the first order). A cart past a cap is a
+409 "cap_exceeded" with the cap, its limit and what the customer already holds.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from django.views.decorators.http import require_GET, require_POST
 from stock_locks import locked
 from stock_locks.exceptions import (
     BackendUnavailable,
+    CapExceeded,
     ContentionError,
     InvalidQuantity,
     LockTimeout,
@@ -71,6 +79,21 @@ def unavailable(exc: BackendUnavailable) -> JsonResponse:
     return response
 
 
+GUEST_EMAIL = re.compile(r"[^@\s{}]{1,64}@[^@\s{}]{1,80}")
+
+
+def customer_of(request: HttpRequest) -> str:
+    """Who an order's units count against under the caps (see the module's docstring)."""
+    if request.user.is_authenticated:
+        return f"user:{request.user.pk}"
+    email = request.headers.get("X-Customer-Email", "").strip().lower()
+    if GUEST_EMAIL.fullmatch(email):
+        return f"guest:{email}"
+    if request.session.session_key is None:
+        request.session.save()
+    return f"session:{request.session.session_key}"
+
+
 def shop_page(request: HttpRequest):
     context = {
         "products": Product.objects.all(),
@@ -98,7 +121,18 @@ def create_order(request: HttpRequest) -> JsonResponse:
     if key is not None and not IDEMPOTENCY_KEY.fullmatch(key):
         return error(400, "bad_request", "Idempotency-Key: 1-80 of A-Z a-z 0-9 _ . : -")
     try:
-        order, created = place_order(cart, strategy, key)
+        order, created = place_order(cart, strategy, key, customer=customer_of(request))
+    except CapExceeded as exc:
+        return error(
+            409,
+            "cap_exceeded",
+            str(exc),
+            sku=exc.sku,
+            cap=exc.cap,
+            limit=exc.limit,
+            bought=exc.bought,
+            requested=exc.requested,
+        )
     except OutOfStock as exc:
         return error(
             409,

@@ -7,6 +7,8 @@
 --         "<new version> <sku>", see stock_locks/stock/soldout.py)
 -- KEYS[5..n+4] the available-stock counter of each line
 -- ARGV[1] order ref     ARGV[2..n+1] SKU of each line (same order as the counters)
+-- Derived (the same hash tag, so the same slot): KEYS[1] .. ':caps', the cap usage
+-- hashes the reservation counts under (stock_reserve.lua): its entries go too.
 --
 -- Returns 1 when the units went back, 0 when there was no record (already
 -- released or committed, or never reserved here): nothing moved; 4 when Redis
@@ -29,6 +31,10 @@ for i = 1, #KEYS - 4 do
     redis.call('PUBLISH', KEYS[4], version .. ' ' .. ARGV[i + 1])
   end
 end
-redis.call('DEL', KEYS[1])
+local caps = redis.call('HKEYS', KEYS[1] .. ':caps')
+for _, usage in ipairs(caps) do
+  redis.call('HDEL', usage, ARGV[1])
+end
+redis.call('DEL', KEYS[1], KEYS[1] .. ':caps')
 redis.call('ZREM', KEYS[2], ARGV[1])
 return 1

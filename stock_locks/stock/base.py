@@ -20,10 +20,11 @@ from django.db import DatabaseError, IntegrityError, connections, router, transa
 from .. import metrics, scripts
 from ..backends.redis.client import get_redis
 from ..backends.redis.errors import REDIS_OR_OS_ERRORS
-from ..exceptions import OutOfStock, RedisUnavailable
+from ..exceptions import CapExceeded, OutOfStock, RedisUnavailable
 from ..keys import StockKeys
 from ..models import Reservation
 from . import expiry
+from .caps import NOBODY, Buyer, buyer_of
 from .cart import Cart, check_order_ref, check_ttl, normalize_cart
 from .clock import server_clock_ms
 from .ledger import (
@@ -59,7 +60,12 @@ class StockStrategy(ABC):
         self.stock = StockTable()
 
     def reserve(
-        self, order_ref: str, cart: Mapping[str, int], *, ttl: float | None = None
+        self,
+        order_ref: str,
+        cart: Mapping[str, int],
+        *,
+        ttl: float | None = None,
+        customer: str | int | None = None,
     ) -> Reservation:
         """Reserve every line of ``cart`` for ``order_ref``, or nothing.
 
@@ -68,6 +74,12 @@ class StockStrategy(ABC):
         Redis cannot be reached and the strategy does not need it) and an
         expiry is scheduled on the delay queue; the sweeper expires it if the
         queue lost it. Without ``ttl`` the reservation holds until released.
+
+        ``customer``: who the units count against under the purchase caps
+        (``STOCK_LOCKS["CAPS"]``, :mod:`stock_locks.stock.caps`), decided in the
+        same step that takes the stock: :class:`CapExceeded` refuses the whole
+        cart (nothing taken); :class:`CustomerRequired` when a line is capped and
+        no customer is named.
 
         Returns the reservation; ``reservation.created`` is False when the
         order ref already had one (nothing moved then), ``reservation.retries``
@@ -82,8 +94,9 @@ class StockStrategy(ABC):
         for the strategy's lock or retry budget.
         """
         ref, lines, ttl_ms = self.validate(order_ref, cart, ttl)
+        buyer = buyer_of(customer, lines)
         with self.counting_refusals(ref):
-            return self.after_reserve(self.do_reserve(ref, lines, ttl_ms), ttl_ms)
+            return self.after_reserve(self.do_reserve(ref, lines, ttl_ms, buyer), ttl_ms)
 
     def warm_up(self) -> None:
         """Open what this strategy uses in this process now (its database connection,
@@ -101,12 +114,17 @@ class StockStrategy(ABC):
         return RefusalCounter(self.name, order_ref)
 
     async def areserve(
-        self, order_ref: str, cart: Mapping[str, int], *, ttl: float | None = None
+        self,
+        order_ref: str,
+        cart: Mapping[str, int],
+        *,
+        ttl: float | None = None,
+        customer: str | int | None = None,
     ) -> Reservation:
         """:meth:`reserve` for async views. This strategy is bound to the database, so
         all of it runs in Django's thread for sync code (``sync_to_async``); the
         ``lua`` strategy answers in the event loop instead."""
-        return await sync_to_async(self.reserve)(order_ref, cart, ttl=ttl)
+        return await sync_to_async(self.reserve)(order_ref, cart, ttl=ttl, customer=customer)
 
     @staticmethod
     def validate(
@@ -124,8 +142,11 @@ class StockStrategy(ABC):
         return reservation
 
     @abstractmethod
-    def do_reserve(self, order_ref: str, lines: Cart, ttl_ms: int | None) -> Reservation:
-        """Reserve checked ``lines``; ``ttl_ms`` sets ``expires_at`` (see :meth:`due`)."""
+    def do_reserve(
+        self, order_ref: str, lines: Cart, ttl_ms: int | None, buyer: Buyer = NOBODY
+    ) -> Reservation:
+        """Reserve checked ``lines`` for ``buyer`` (within its caps); ``ttl_ms`` sets
+        ``expires_at`` (see :meth:`due`)."""
 
     def reserve_once(
         self,
@@ -135,6 +156,7 @@ class StockStrategy(ABC):
         take: Callable[[], None],
         *,
         checked: bool = False,
+        buyer: Buyer = NOBODY,
     ) -> Reservation:
         """The database reservation every DB-side strategy makes: ``take()`` the
         units and insert the row in one transaction, unless the order ref already
@@ -148,7 +170,9 @@ class StockStrategy(ABC):
         try:
             with transaction.atomic():
                 take()
-                reservation = new_reservation(order_ref, lines, self.name, expires_at=expires_at)
+                reservation = new_reservation(
+                    order_ref, lines, self.name, expires_at=expires_at, buyer=buyer
+                )
         except IntegrityError:
             return existing_reservation(order_ref, lines)
         self.follow_in_redis(lines, -1)
@@ -246,6 +270,8 @@ class RefusalCounter:
             metrics.refused(
                 self.strategy, self.order_ref, refusal.sku, refusal.requested, refusal.available
             )
+        elif issubclass(kind, CapExceeded):
+            metrics.capped(refusal.sku)
         elif issubclass(kind, RedisUnavailable):
             metrics.failed("unavailable")
         elif issubclass(kind, DatabaseError):

@@ -30,11 +30,18 @@ from ..backends.redis.backend import shared_backend
 from ..backends.redis.errors import REDIS_FAILURES
 from ..backends.redis.requests import Command, Requests, script
 from ..conf import settings
-from ..exceptions import InvalidQuantity, OutOfStock, RedisUnavailable, StaleFencingToken
+from ..exceptions import (
+    CapExceeded,
+    InvalidQuantity,
+    OutOfStock,
+    RedisUnavailable,
+    StaleFencingToken,
+)
 from ..keys import StockKeys
 from ..models import Reservation
 from . import groupcommit
 from .base import StockStrategy
+from .caps import NOBODY, Buyer
 from .cart import Cart
 from .groupcommit import Confirmation, GroupCommit
 from .ledger import certainly_not_written, existing_reservation, held_for, repeat_of
@@ -75,7 +82,7 @@ class RedisStockStrategy(StockStrategy):
 
     @abstractmethod
     def reserve_in_redis(
-        self, order_ref: str, lines: Cart, job: Confirmation | None = None
+        self, order_ref: str, lines: Cart, job: Confirmation | None = None, buyer: Buyer = NOBODY
     ) -> tuple[bool, int, int, Any]:
         """Take the lines from the counters: (took, now in ms on the Redis clock,
         retries, joined).
@@ -83,27 +90,34 @@ class RedisStockStrategy(StockStrategy):
         ``took`` is False when ``order_ref`` already has a record (nothing
         moved: an earlier attempt of this order took the units). ``joined`` is the
         reply of the group commit's join when the Redis step joined it for ``job``
-        (None when it did not: the caller joins itself). Raises OutOfStock (nothing
-        taken) or redis-py's errors.
+        (None when it did not: the caller joins itself). The ``buyer``'s caps are
+        counted in the same step. Raises OutOfStock or CapExceeded (nothing taken)
+        or redis-py's errors.
         """
 
-    def do_reserve(self, order_ref: str, lines: Cart, ttl_ms: int | None) -> Reservation:
-        job = Confirmation(order_ref, lines, self.name, ttl_ms) if settings.GROUP_COMMIT else None
+    def do_reserve(
+        self, order_ref: str, lines: Cart, ttl_ms: int | None, buyer: Buyer = NOBODY
+    ) -> Reservation:
+        # (A capped reservation is written alone: its transaction counts the buyer's caps.)
+        grouped = settings.GROUP_COMMIT and not buyer.caps
+        job = Confirmation(order_ref, lines, self.name, ttl_ms) if grouped else None
         try:
-            took, now_ms, retries, joined = self.reserve_in_redis(order_ref, lines, job)
+            took, now_ms, retries, joined = self.reserve_in_redis(order_ref, lines, job, buyer)
         except RedisUnavailable as exc:
             raise unanswered_reserve(exc, order_ref) from exc
         return self.reserve_in_database(
-            order_ref, lines, ttl_ms, took, now_ms, retries, job=job, joined=joined
+            order_ref, lines, ttl_ms, took, now_ms, retries, job=job, joined=joined, buyer=buyer
         )
 
     def reserve_in_database(
         self, order_ref: str, lines: Cart, ttl_ms: int | None, took: bool, now_ms: int,
         retries: int, job: Confirmation | None = None, joined: Any = None,
+        buyer: Buyer = NOBODY,
     ) -> Reservation:  # fmt: skip
         """The database half of a reserve whose Redis half answered ``took``: with
         ``job``, in a batch with the reservations taken meanwhile (:mod:`.groupcommit`;
-        ``joined`` is the Redis step's join, if it made one)."""
+        ``joined`` is the Redis step's join, if it made one); else alone, counting
+        the ``buyer``'s caps in its transaction."""
         if not took:
             repeat = repeat_of(order_ref, lines)
             if repeat is not None:
@@ -113,7 +127,9 @@ class RedisStockStrategy(StockStrategy):
         expires_at = self.due(ttl_ms, now_ms)
 
         def write_alone() -> Reservation:
-            return self.stock.take_and_record(order_ref, lines, self.name, retries, expires_at)
+            return self.stock.take_and_record(
+                order_ref, lines, self.name, retries, expires_at, buyer
+            )
 
         try:
             if took and job is not None and (joined is not None or groupcommit.applies()):
@@ -121,7 +137,7 @@ class RedisStockStrategy(StockStrategy):
             return write_alone()
         except IntegrityError:
             return self._duplicate(order_ref, lines, took)
-        except (OutOfStock, InvalidQuantity, StaleFencingToken):
+        except (OutOfStock, CapExceeded, InvalidQuantity, StaleFencingToken):
             # A duplicate request (the same order ref, in flight at once) may have written
             # the row meanwhile, with the units this record holds: both answer that row.
             if not took:

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 from ..models import Reservation
 from .base import StockStrategy
+from .caps import NOBODY, Buyer
 from .cart import Cart
 
 
 class RowLockStrategy(StockStrategy):
     uses_redis = False
 
-    def do_reserve(self, order_ref: str, lines: Cart, ttl_ms: int | None) -> Reservation:
-        return self.reserve_once(order_ref, lines, ttl_ms, lambda: self._lock_then_take(lines))
+    def do_reserve(
+        self, order_ref: str, lines: Cart, ttl_ms: int | None, buyer: Buyer = NOBODY
+    ) -> Reservation:
+        return self.reserve_once(
+            order_ref, lines, ttl_ms, lambda: self._lock_then_take(lines), buyer=buyer
+        )
 
     def _lock_then_take(self, lines: Cart) -> None:
         stock = self.stock
@@ -33,9 +38,11 @@ class RowLockStrategy(StockStrategy):
 class ConditionalUpdateStrategy(StockStrategy):
     uses_redis = False
 
-    def do_reserve(self, order_ref: str, lines: Cart, ttl_ms: int | None) -> Reservation:
+    def do_reserve(
+        self, order_ref: str, lines: Cart, ttl_ms: int | None, buyer: Buyer = NOBODY
+    ) -> Reservation:
         return self.reserve_once(
-            order_ref, lines, ttl_ms, lambda: self.stock.take_conditionally(lines)
+            order_ref, lines, ttl_ms, lambda: self.stock.take_conditionally(lines), buyer=buyer
         )
 
     def available(self, sku: str) -> int:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import datetime as dt
 
 from django.db import DatabaseError, InterfaceError, connection, transaction
+from django.utils import timezone
 
 from ..exceptions import ReservationError
 from ..models import Reservation
+from .caps import NOBODY, Buyer, check_in_database
 from .cart import Cart
 
 
@@ -23,11 +25,16 @@ def new_reservation(
     strategy: str,
     retries: int = 0,
     expires_at: dt.datetime | None = None,
+    buyer: Buyer = NOBODY,
 ) -> Reservation:
-    """Insert the RESERVED row (in the caller's transaction); IntegrityError if the ref exists."""
+    """Insert the RESERVED row (in the caller's transaction, after it took the stock
+    rows); IntegrityError if the ref exists. With caps, the buyer's are counted first
+    (CapExceeded: the caller's transaction must roll back)."""
+    check_in_database(buyer.customer, lines, buyer.caps, timezone.now())
     reservation = Reservation.objects.create(
-        order_ref=order_ref, lines=lines, strategy=strategy, expires_at=expires_at
-    )
+        order_ref=order_ref, lines=lines, strategy=strategy, expires_at=expires_at,
+        customer=buyer.customer,
+    )  # fmt: skip
     reservation.created = True
     reservation.retries = retries
     return reservation

@@ -27,6 +27,7 @@ from ..exceptions import BackendUnavailable, LockNotOwned, LockTimeout, RedisUna
 from ..locks import Lock
 from ..models import Reservation
 from .base import StockStrategy
+from .caps import NOBODY, Buyer
 from .cart import Cart
 from .ledger import repeat_of
 
@@ -79,7 +80,9 @@ class LockStrategy(StockStrategy):
                     # The writes were fenced: had a newer holder written, ours were refused.
                     log.warning("stock lock %r not released cleanly: %s", lock.name, exc)
 
-    def do_reserve(self, order_ref: str, lines: Cart, ttl_ms: int | None) -> Reservation:
+    def do_reserve(
+        self, order_ref: str, lines: Cart, ttl_ms: int | None, buyer: Buyer = NOBODY
+    ) -> Reservation:
         repeat = repeat_of(order_ref, lines)  # before the locks: they are held as briefly as can be
         if repeat is not None:
             return repeat
@@ -88,7 +91,7 @@ class LockStrategy(StockStrategy):
             def take() -> None:
                 self.stock.take_conditionally(lines, fences)
 
-            return self.reserve_once(order_ref, lines, ttl_ms, take, checked=True)
+            return self.reserve_once(order_ref, lines, ttl_ms, take, checked=True, buyer=buyer)
 
     def available(self, sku: str) -> int:
         return self.stock.level(sku)

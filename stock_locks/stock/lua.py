@@ -21,13 +21,14 @@ from ..backends.redis.requests import Blocking, Requests, script
 from ..exceptions import OutOfStock, RedisUnavailable, StockLocksError
 from ..models import Reservation
 from . import groupcommit
+from .caps import NOBODY, Buyer, buyer_of, exceeded
 from .cart import Cart
 from .counters import RedisStockStrategy, unanswered_reserve
 from .groupcommit import Confirmation
 from .soldout import cache_for
 
 # stock_reserve.lua's reply codes
-SHORT, RESERVED, ALREADY_RESERVED, NOT_LOADED, DATA_LOST = 0, 1, 2, 3, 4
+SHORT, RESERVED, ALREADY_RESERVED, NOT_LOADED, DATA_LOST, CAPPED = 0, 1, 2, 3, 4, 5
 MAX_LOADS = 3
 LISTENER_WARM_UP = 2.0  # seconds warm_up waits for the sold-out listener
 
@@ -40,9 +41,11 @@ class LuaStrategy(RedisStockStrategy):
         if (sold_out := cache_for(self.redis, self.keys.versions)) is not None:
             sold_out.wait_listening(LISTENER_WARM_UP)
 
-    def do_reserve(self, order_ref: str, lines: Cart, ttl_ms: int | None) -> Reservation:
+    def do_reserve(
+        self, order_ref: str, lines: Cart, ttl_ms: int | None, buyer: Buyer = NOBODY
+    ) -> Reservation:
         self._known_short(lines)  # most attempts of a sale end here
-        return super().do_reserve(order_ref, lines, ttl_ms)
+        return super().do_reserve(order_ref, lines, ttl_ms, buyer)
 
     def _known_short(self, lines: Cart) -> None:
         """OutOfStock when this process knows a line asks more than is left."""
@@ -51,23 +54,30 @@ class LuaStrategy(RedisStockStrategy):
             raise OutOfStock(*short)
 
     def reserve_in_redis(
-        self, order_ref: str, lines: Cart, job: Confirmation | None = None
+        self, order_ref: str, lines: Cart, job: Confirmation | None = None, buyer: Buyer = NOBODY
     ) -> tuple[bool, int, int, Any]:
         """(The script joins the group commit for ``job`` in the same round trip. A
         refusal this process already knows is answered before, by ``do_reserve`` and
         ``areserve``; this asks Redis.)"""
-        return self.backend.run(self._reserve_steps(order_ref, lines, job))
+        return self.backend.run(self._reserve_steps(order_ref, lines, job, buyer))
 
     def _reserve_steps(
-        self, order_ref: str, lines: Cart, job: Confirmation | None = None
+        self, order_ref: str, lines: Cart, job: Confirmation | None = None, buyer: Buyer = NOBODY
     ) -> Requests[tuple[bool, int, int, Any]]:
         skus = list(lines)
         k = self.keys
         keys = [
             k.record(order_ref), k.index, k.loaded, k.versions, k.confirm_queue,
             k.confirm_leader, *map(k.counter, skus),
+            *(k.cap_usage(cap.name, buyer.customer) for cap in buyer.caps),
         ]  # fmt: skip
-        argv: list[Any] = [order_ref, *lines.values(), *skus]
+        argv: list[Any] = [
+            order_ref,
+            len(buyer.caps),
+            *lines.values(),
+            *skus,
+            *buyer.script_args(lines),
+        ]
         sold_out = cache_for(self.redis, k.versions)
         for _ in range(MAX_LOADS):
             ticket = sold_out.ticket() if sold_out is not None else None
@@ -82,6 +92,8 @@ class LuaStrategy(RedisStockStrategy):
                 if sold_out is not None:
                     sold_out.refused(ticket, sku, avail, int(reply[3]))
                 raise OutOfStock(sku, lines[sku], avail)
+            if code == CAPPED:
+                raise exceeded(buyer.caps[reply[1] - 1], lines, int(reply[2]))
             # (rare, and bound to the database: under asyncio these run in a thread)
             if code == DATA_LOST:
                 yield Blocking(self.restore_after_data_loss)
@@ -91,22 +103,31 @@ class LuaStrategy(RedisStockStrategy):
         raise StockLocksError(f"stock counters for {skus} keep disappearing (evicted?)")
 
     async def areserve(
-        self, order_ref: str, cart: Mapping[str, int], *, ttl: float | None = None
+        self,
+        order_ref: str,
+        cart: Mapping[str, int],
+        *,
+        ttl: float | None = None,
+        customer: str | int | None = None,
     ) -> Reservation:
         """:meth:`reserve` for async views: the Redis half runs on the event loop (a
         refusal, most of a flash sale, never leaves it), the database half in
         Django's thread for sync code (``sync_to_async``: ``atomic`` is sync)."""
         ref, lines, ttl_ms = self.validate(order_ref, cart, ttl)
+        buyer = buyer_of(customer, lines)
         with self.counting_refusals(ref):
             self._known_short(lines)
             try:
-                took, now_ms, retries, _ = await self.backend.arun(self._reserve_steps(ref, lines))
+                steps = self._reserve_steps(ref, lines, buyer=buyer)
+                took, now_ms, retries, _ = await self.backend.arun(steps)
             except RedisUnavailable as exc:
                 raise unanswered_reserve(exc, ref) from exc
 
         def in_database() -> Reservation:
             with self.counting_refusals(ref):
-                reservation = self.reserve_in_database(ref, lines, ttl_ms, took, now_ms, retries)
+                reservation = self.reserve_in_database(
+                    ref, lines, ttl_ms, took, now_ms, retries, buyer=buyer
+                )
             return self.after_reserve(reservation, ttl_ms)
 
         return await sync_to_async(in_database)()

@@ -25,6 +25,7 @@ from ..conf import settings
 from ..exceptions import OutOfStock
 from ..fencing import stale
 from ..models import Reservation
+from .caps import NOBODY, Buyer
 from .cart import Cart, unknown_sku
 from .ledger import new_reservation
 
@@ -99,10 +100,12 @@ class StockTable:
         strategy: str,
         retries: int = 0,
         expires_at: dt.datetime | None = None,
+        buyer: Buyer = NOBODY,
     ) -> Reservation:
-        """In one transaction: take every line (``stock >= qty``) and insert the
-        RESERVED row. Raises :class:`OutOfStock` (nothing taken) and
-        ``IntegrityError`` when the order ref already has a row.
+        """In one transaction: take every line (``stock >= qty``), count the buyer's
+        caps and insert the RESERVED row. Raises :class:`OutOfStock` or
+        :class:`CapExceeded` (nothing taken) and ``IntegrityError`` when the order
+        ref already has a row.
 
         On PostgreSQL a one-line cart (the flash-sale case) is one statement, a
         data-modifying CTE, instead of three ORM queries: the hot row stays
@@ -111,7 +114,7 @@ class StockTable:
         take their rows one by one in SKU order, so two carts cannot deadlock.
         """
         db = router.db_for_write(Reservation)
-        if len(lines) == 1 and connections[db].vendor == "postgresql":
+        if len(lines) == 1 and not buyer.caps and connections[db].vendor == "postgresql":
             [sku] = lines
             order = (order_ref, lines, strategy, expires_at)
             inserted = self._take_and_record_in_one_statement(db, sku, [order])
@@ -123,7 +126,7 @@ class StockTable:
             # writing the same ref in a batch deadlocked with it: each waited for a lock
             # the other took first.)
             self.take_conditionally(lines)
-            reservation = new_reservation(order_ref, lines, strategy, retries, expires_at)
+            reservation = new_reservation(order_ref, lines, strategy, retries, expires_at, buyer)
         return reservation
 
     def _columns(self, db: str) -> tuple[dict[str, str], str, str, str]:

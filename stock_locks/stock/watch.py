@@ -28,6 +28,7 @@ from ..backends.redis.cluster import on_node
 from ..backends.redis.errors import TRANSLATED_ERRORS, translated_error
 from ..conf import settings
 from ..exceptions import ContentionError, OutOfStock, StockLocksError
+from .caps import NOBODY, Buyer, cap_entries, exceeded
 from .cart import Cart
 from .counters import RedisStockStrategy
 from .groupcommit import Confirmation
@@ -38,12 +39,13 @@ MAX_LOADS = 3
 
 class WatchStrategy(RedisStockStrategy):
     def reserve_in_redis(
-        self, order_ref: str, lines: Cart, job: Confirmation | None = None
+        self, order_ref: str, lines: Cart, job: Confirmation | None = None, buyer: Buyer = NOBODY
     ) -> tuple[bool, int, int, Any]:
-        """(``job``: the group commit is joined after, by a script of its own.)"""
+        """(``job``: the group commit is joined after, by a script of its own. The
+        buyer's cap usage is watched with the counters and written in the same MULTI.)"""
 
         def attempt(node: Any) -> tuple[bool, int, int]:
-            return self._reserve(node, order_ref, lines)
+            return self._reserve(node, order_ref, lines, buyer)
 
         try:
             return (*on_node(self.redis, self.keys.loaded, attempt), None)
@@ -52,10 +54,13 @@ class WatchStrategy(RedisStockStrategy):
             # (CROSSSLOT: the node refused a WATCH of keys in several slots.)
             raise translated_error(exc, self.backend.alias) from exc
 
-    def _reserve(self, client: Any, order_ref: str, lines: Cart) -> tuple[bool, int, int]:
+    def _reserve(
+        self, client: Any, order_ref: str, lines: Cart, buyer: Buyer
+    ) -> tuple[bool, int, int]:
         k = self.keys
         record = k.record(order_ref)
         counters = [k.counter(sku) for sku in lines]
+        usage = [k.cap_usage(cap.name, buyer.customer) for cap in buyer.caps]
         attempts = settings.WATCH_ATTEMPTS
         conflicts = loads = 0
         seconds, micros = client.time()  # the record's time (Redis clock), read once
@@ -63,7 +68,7 @@ class WatchStrategy(RedisStockStrategy):
         with client.pipeline(transaction=True) as pipe:
             while conflicts < attempts:
                 try:
-                    pipe.watch(k.loaded, record, *counters)
+                    pipe.watch(k.loaded, record, *counters, *usage)
                     if pipe.exists(record):
                         return False, now_ms, conflicts
                     lost = not pipe.exists(k.loaded)
@@ -82,6 +87,13 @@ class WatchStrategy(RedisStockStrategy):
                     for (sku, qty), value in zip(lines.items(), values, strict=True):
                         if int(value) < qty:
                             raise OutOfStock(sku, qty, int(value))
+                    entries = [
+                        cap_entries(pipe.hgetall(key), cap, now_ms)
+                        for key, cap in zip(usage, buyer.caps, strict=True)
+                    ]
+                    for cap, (used, _) in zip(buyer.caps, entries, strict=True):
+                        if used + cap.units(lines) > cap.max:
+                            raise exceeded(cap, lines, used)
                     pipe.multi()
                     for counter, qty in zip(counters, lines.values(), strict=True):
                         pipe.decrby(counter, qty)
@@ -89,6 +101,11 @@ class WatchStrategy(RedisStockStrategy):
                     pipe.zadd(k.index, {order_ref: now_ms})
                     for sku in lines:
                         pipe.hincrby(k.versions, sku, 1)
+                    for key, cap, (_, gone) in zip(usage, buyer.caps, entries, strict=True):
+                        if gone:
+                            pipe.hdel(key, *gone)
+                        pipe.hset(key, order_ref, f"{cap.units(lines)}:{now_ms}")
+                        pipe.hset(f"{record}:caps", key, cap.units(lines))
                     pipe.execute()
                     return True, now_ms, conflicts
                 except WatchError:

@@ -119,7 +119,7 @@ def test_a_script_over_keys_of_two_tags_is_refused_by_the_cluster(redis_client):
     get_strategy("lua").available("TEA")  # loaded under the configured tag
     with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "STOCK_HASH_TAG": "other"}):
         elsewhere = StockKeys()
-    argv = ["split", 1, 1, "TEA", "TEA"]
+    argv = ["split", 0, 1, 1, "TEA", "TEA"]  # (no cap)
     mixed = [keys.record("split"), keys.index, keys.loaded, keys.versions, keys.confirm_queue]
     mixed += [keys.confirm_leader, keys.counter("TEA")]
     mixed.append(elsewhere.counter("TEA"))

@@ -683,3 +683,35 @@ def test_shop_page_offers_a_strategy_picker_only_under_the_demo_switch(client, s
     assert '<select id="strategy">' in page
     assert "<option selected>watch</option>" in page
     assert all(f">{name}</option>" in page for name in STRATEGIES)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_cart_past_the_kettle_cap_is_a_409_with_the_details_and_changes_nothing(
+    strategy, redis_client
+):
+    make_products(KETTLE=5, TEA=10)
+    alice, bob = Client(), Client()
+    first = order(alice, {"KETTLE": 1}, strategy)
+    assert first.status_code == 201
+    before_db = db_state()
+    refused = order(alice, {"KETTLE": 1, "TEA": 2}, strategy)
+    assert refused.status_code == 409
+    body = refused.json()
+    assert body["error"] == "cap_exceeded"
+    assert (body["cap"], body["limit"], body["bought"], body["requested"]) == (
+        "kettle-limit", 1, 1, 1
+    )  # fmt: skip
+    assert db_state() == before_db and db_stock("TEA") == 10  # all or nothing
+    assert order(bob, {"KETTLE": 1}, strategy).status_code == 201  # another customer
+    # A guest naming an e-mail is one customer whatever the session.
+    guest = {"X-Customer-Email": "Carol@example.com"}
+    body = {"items": [{"sku": "KETTLE", "qty": 1}]}
+    with override_settings(SHOP_STRATEGY=strategy):
+        assert post_json(Client(), ORDERS, body, **guest).status_code == 201
+        assert post_json(Client(), ORDERS, body, **guest).json()["error"] == "cap_exceeded"
+    # Cancelling gives the allowance back.
+    assert cancel(alice, first.json()["order"]).status_code == 200
+    assert order(alice, {"KETTLE": 1}, strategy).status_code == 201
+    assert db_stock("KETTLE") == 2
+    assert_no_drift()

@@ -15,6 +15,8 @@ import logging
 import secrets
 from typing import Any
 
+from django.utils import timezone
+
 from ... import scripts
 from ...backends.redis.client import get_redis
 from ...backends.redis.cluster import on_node
@@ -22,6 +24,7 @@ from ...backends.redis.protocol import decoded
 from ...keys import StockKeys
 from ...locks import Lock
 from ...models import Reservation
+from ..caps import configured_caps
 from ..cart import unknown_sku
 from ..registry import counter_strategies
 from ..soldout import units_back
@@ -64,7 +67,9 @@ def load_missing_counters(skus: list[str], client: Any = None) -> dict[str, int]
 
 def restore_after_data_loss(client: Any = None) -> bool:
     """If Redis lost its data (no ``loaded`` marker), give every open reservation of a
-    counter strategy its record back and set the marker. True when this call did.
+    counter strategy its record back, every capped customer their usage (the
+    reservations holding stock in each cap's window, whatever their strategy), and
+    set the marker. True when this call did.
 
     Counters are not written here: a missing counter loads from the database
     (which already excludes open reservations) when first needed. One process
@@ -82,6 +87,7 @@ def restore_after_data_loss(client: Any = None) -> bool:
                 status=Reservation.Status.RESERVED, strategy__in=counter_strategies()
             ).values_list("order_ref", "lines", "created_at")
         )
+        usage = cap_usage_rows(keys)
         marker = _marker(client)
 
         def restore(node: Any) -> None:
@@ -92,6 +98,10 @@ def restore_after_data_loss(client: Any = None) -> bool:
                 pipe.delete(keys.record(ref))
                 pipe.hset(keys.record(ref), mapping=lines)
                 pipe.zadd(keys.index, {ref: int(created_at.timestamp() * 1000)})
+            for key, ref, value, is_open in usage:
+                pipe.hset(key, ref, value)
+                if is_open:
+                    pipe.hset(f"{keys.record(ref)}:caps", key, value.partition(":")[0])
             pipe.hset(keys.loaded, mapping=marker)
             pipe.execute()
 
@@ -105,6 +115,33 @@ def restore_after_data_loss(client: Any = None) -> bool:
     else:
         log.info("stock data marked as loaded in Redis")
     return True
+
+
+def cap_usage_rows(keys: StockKeys) -> list[tuple[str, str, str, bool]]:
+    """What Redis holds of the customers' usage under every cap, from the database:
+    (usage key, order ref, ``units:ms``, whether the reservation is open and has a
+    Redis record)."""
+    caps = list(configured_caps().values())
+    if not caps:
+        return []
+    now_ms = int(timezone.now().timestamp() * 1000)
+    earliest = min(cap.window_start_ms(now_ms) for cap in caps)
+    rows = Reservation.objects.exclude(customer="").filter(
+        status__in=[Reservation.Status.RESERVED, Reservation.Status.COMMITTED],
+        created_at__gte=dt.datetime.fromtimestamp(earliest / 1000, tz=dt.UTC),
+    )
+    with_records = counter_strategies()
+    usage = []
+    for ref, lines, customer, status, strategy, created_at in rows.values_list(
+        "order_ref", "lines", "customer", "status", "strategy", "created_at"
+    ):
+        made = int(created_at.timestamp() * 1000)
+        is_open = status == Reservation.Status.RESERVED and strategy in with_records
+        for cap in caps:
+            units = cap.units(lines)
+            if units and made >= cap.window_start_ms(now_ms):
+                usage.append((keys.cap_usage(cap.name, customer), ref, f"{units}:{made}", is_open))
+    return usage
 
 
 def _marker(client: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from django.core.management.base import BaseCommand, CommandError
 from demo_shop.shop.models import Order, Product
 from demo_shop.shop.plot import flash_sale_png
 from demo_shop.shop.services import pay_order, place_order
-from stock_locks.exceptions import OutOfStock
+from stock_locks.exceptions import CapExceeded, OutOfStock
 from stock_locks.management.commands.oversell_stress import Command as OversellStress
 
 from .seed_shop import DEMO_PASSWORD, DEMO_USER
@@ -134,13 +134,16 @@ class Command(BaseCommand):
     def _expiry_scene(self) -> None:
         say = self.stdout.write
         say(
-            f"\nUnpaid orders expire: KETTLE has {_kettles()} in stock, 6 buyers want one, and an "
-            f"order not paid within {SCENE_TTL} s expires (Celery beat drains the delay queue):"
+            f"\nUnpaid orders expire: KETTLE has {_kettles()} in stock (one per customer), 6 "
+            f"buyers want one, and an order not paid within {SCENE_TTL} s expires (Celery beat "
+            "drains the delay queue):"
         )
         orders = []
         for buyer in range(1, 7):
             try:
-                order, _ = place_order({"KETTLE": 1}, "lua", ttl=SCENE_TTL)
+                order, _ = place_order(
+                    {"KETTLE": 1}, "lua", ttl=SCENE_TTL, customer=f"buyer-{buyer}"
+                )
                 orders.append(order)
                 say(f"  buyer {buyer}: order {order.pk} reserved")
             except OutOfStock as exc:
@@ -148,6 +151,11 @@ class Command(BaseCommand):
         for order in orders[:3]:
             pay_order(order)
         say(f"  buyers 1-3 pay; buyers 4-5 walk away. KETTLE in stock: {_kettles()}")
+        try:
+            place_order({"KETTLE": 1}, "lua", customer="buyer-1")
+            raise CommandError("buyer 1 bought a second KETTLE past its cap")
+        except CapExceeded as exc:
+            say(f"  buyer 1 tries a second one: refused, {exc}")
         unpaid = [order.pk for order in orders[3:]]
         deadline = time.monotonic() + SCENE_TTL + STARTUP_TIMEOUT
         while Order.objects.filter(pk__in=unpaid, status=Order.Status.EXPIRED).count() < len(
@@ -157,7 +165,7 @@ class Command(BaseCommand):
                 raise CommandError("the unpaid orders did not expire: is the Celery worker up?")
             time.sleep(0.2)
         say(f"  orders {unpaid} expired; KETTLE in stock again: {_kettles()}")
-        order, _ = place_order({"KETTLE": 1}, "lua")
+        order, _ = place_order({"KETTLE": 1}, "lua", customer="buyer-6")
         say(f"  buyer 6 tries again: order {order.pk} reserved from the returned stock")
 
 

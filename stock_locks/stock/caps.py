@@ -1,0 +1,221 @@
+"""Purchase caps: at most N units per customer, decided in the same step as the stock.
+
+A cap is named in ``STOCK_LOCKS["CAPS"]``::
+
+    "CAPS": {
+        "kettle-sale": {"skus": ["KETTLE"], "max": 2},                      # for ever
+        "mugs-daily": {"skus": ["MUG-RED", "MUG-BLUE"], "max": 4, "period": 86400},
+        "black-friday": {"skus": ["TV"], "max": 1, "since": "2026-11-27T00:00:00Z"},
+    }
+
+A customer's units under a cap are the units of the cap's SKUs in their
+reservations that hold stock (RESERVED or COMMITTED: paid units count, released
+or expired ones do not), made at or after the window's start: ``since`` (an
+event's start), the last ``period`` seconds (a rolling window), the later of
+the two, or for ever. The customer is what the shop names when it reserves
+(``reserve(..., customer=...)``): a user id, or for guests a key the shop
+chooses (a verified e-mail, a session); a cart touching a capped SKU without
+one is refused (:class:`~stock_locks.exceptions.CustomerRequired`).
+
+Where it is decided: the database is the system of record. Every strategy's
+database step takes the stock rows, then locks one row per (cap, customer)
+(:class:`~stock_locks.models.CapHold`, in cap-name order, so two carts never
+deadlock), counts the customer's units in the window and refuses with
+:class:`~stock_locks.exceptions.CapExceeded` in the same transaction that
+takes the stock and inserts the reservation: all or nothing. ``lua`` and
+``watch`` also keep each customer's units per cap in Redis (a hash order ref
+-> ``units:ms``) and check it in the same script or MULTI that takes the
+counters, so a capped refusal never reaches the database; the database still
+decides (what Redis lost, it re-learns from the rows).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+
+from ..conf import settings
+from ..exceptions import CapExceeded, CustomerRequired, InvalidQuantity
+from ..models import CapHold, Reservation
+from .cart import Cart
+
+MAX_CUSTOMER_LENGTH = 150  # the Reservation.customer column
+
+
+@dataclass(frozen=True)
+class Cap:
+    """One configured cap: at most ``max`` units of ``skus`` per customer in the window."""
+
+    name: str
+    skus: frozenset[str]
+    max: int
+    period: int | None = None  # seconds: a rolling window
+    since: dt.datetime | None = None  # the window starts no earlier
+
+    def units(self, lines: Mapping[str, int]) -> int:
+        """Units of ``lines`` under this cap."""
+        return sum(qty for sku, qty in lines.items() if sku in self.skus)
+
+    def window_start_ms(self, now_ms: int) -> int:
+        """Epoch ms from which purchases count (0: for ever), at ``now_ms``."""
+        start = int(self.since.timestamp() * 1000) if self.since else 0
+        if self.period:
+            start = max(start, now_ms - self.period * 1000)
+        return start
+
+    def script_args(self) -> list[int]:
+        """max, since (ms, 0: none), period (ms, 0: none): the reserve script's view."""
+        since = int(self.since.timestamp() * 1000) if self.since else 0
+        return [self.max, since, (self.period or 0) * 1000]
+
+
+@dataclass(frozen=True)
+class Buyer:
+    """Who a reserve is for, and the caps its cart touches (none: nothing to count)."""
+
+    customer: str = ""
+    caps: tuple[Cap, ...] = ()
+
+    def script_args(self, lines: Mapping[str, int]) -> list[int]:
+        """Per cap: max, since ms, period ms, the cart's units under it."""
+        return [value for cap in self.caps for value in (*cap.script_args(), cap.units(lines))]
+
+
+NOBODY = Buyer()
+
+
+def parse_caps(raw: Any) -> dict[str, Cap]:
+    """``STOCK_LOCKS["CAPS"]`` as :class:`Cap` objects; ValueError naming what is wrong."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"CAPS must be a dict of cap name -> definition, got {raw!r}")
+    caps = {}
+    for name, spec in raw.items():
+        if not isinstance(name, str) or not name or any(c in name for c in "{}: \n"):
+            raise ValueError(f"cap name {name!r}: a non-empty string without braces, ':' or spaces")
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"cap {name!r}: a dict with 'skus' and 'max', got {spec!r}")
+        unknown = set(spec) - {"skus", "max", "period", "since"}
+        if unknown:
+            raise ValueError(f"cap {name!r}: unknown keys {sorted(unknown)}")
+        skus, most = spec.get("skus"), spec.get("max")
+        if isinstance(skus, str) or not isinstance(skus, Iterable) or not skus:
+            raise ValueError(f"cap {name!r}: 'skus' must be a non-empty list of SKUs")
+        if not all(isinstance(sku, str) and sku for sku in skus):
+            raise ValueError(f"cap {name!r}: every SKU is a non-empty string")
+        if isinstance(most, bool) or not isinstance(most, int) or most < 0:
+            raise ValueError(f"cap {name!r}: 'max' must be an int >= 0, got {most!r}")
+        period = spec.get("period")
+        if period is not None and (isinstance(period, bool) or not isinstance(period, int)
+                                   or period < 1):  # fmt: skip
+            raise ValueError(f"cap {name!r}: 'period' is whole seconds >= 1, got {period!r}")
+        since = spec.get("since")
+        if since is not None:
+            if isinstance(since, str):
+                since = parse_datetime(since)
+            if not isinstance(since, dt.datetime) or since.tzinfo is None:
+                raise ValueError(f"cap {name!r}: 'since' is an aware datetime or ISO 8601 string")
+        caps[name] = Cap(name, frozenset(skus), most, period, since)
+    return caps
+
+
+_parsed: tuple[int, dict[str, Cap]] | None = None
+
+
+def configured_caps() -> dict[str, Cap]:
+    """The configured caps by name (parsed once per value of the setting)."""
+    global _parsed
+    raw = settings.CAPS
+    if _parsed is None or _parsed[0] != id(raw):
+        _parsed = (id(raw), parse_caps(raw))
+    return _parsed[1]
+
+
+def caps_for(lines: Iterable[str]) -> list[Cap]:
+    """The caps that touch any SKU of ``lines``, by name (the order of their locks)."""
+    skus = set(lines)
+    return [cap for name, cap in sorted(configured_caps().items()) if cap.skus & skus]
+
+
+def buyer_of(customer: Any, lines: Cart) -> Buyer:
+    """The customer as text with the caps of ``lines``; raises CustomerRequired when a
+    line is capped and no customer was named, InvalidQuantity for a bad one."""
+    caps = tuple(caps_for(lines))
+    if customer is None or customer == "":
+        if caps:
+            raise CustomerRequired(
+                f"{sorted(caps[0].skus & set(lines))} are capped per customer ({caps[0].name!r}): "
+                "reserve with customer=...",
+                cap=caps[0].name,
+            )
+        return Buyer()
+    if isinstance(customer, bool) or not isinstance(customer, (str, int)):
+        raise InvalidQuantity(f"customer must be a string or an int, got {customer!r}")
+    text = str(customer)
+    if len(text) > MAX_CUSTOMER_LENGTH or any(c in text for c in "{}\n"):
+        raise InvalidQuantity(
+            f"customer {text[:40]!r}: at most {MAX_CUSTOMER_LENGTH} characters, no braces"
+        )
+    return Buyer(text, caps)
+
+
+def exceeded(cap: Cap, lines: Mapping[str, int], bought: int) -> CapExceeded:
+    """The refusal of ``lines`` under ``cap`` when the customer already holds ``bought``."""
+    sku = min(sku for sku in lines if sku in cap.skus)
+    return CapExceeded(sku=sku, cap=cap.name, limit=cap.max, bought=bought,
+                       requested=cap.units(lines))  # fmt: skip
+
+
+def cap_entries(entries: Mapping[Any, Any], cap: Cap, now_ms: int) -> tuple[int, list[Any]]:
+    """(units in ``cap``'s window, order refs out of it for good) of a usage hash read
+    from Redis (order ref -> ``units:ms``), as stock_reserve.lua counts them."""
+    start = cap.window_start_ms(now_ms)
+    used, gone = 0, []
+    for ref, value in entries.items():
+        units, _, made = (value.decode() if isinstance(value, bytes) else value).partition(":")
+        if int(made) >= start:
+            used += int(units)
+        else:
+            gone.append(ref)
+    return used, gone
+
+
+def check_in_database(customer: str, lines: Cart, caps: Iterable[Cap], now: dt.datetime) -> None:
+    """In the caller's transaction, after the stock rows were taken: lock each cap's
+    (cap, customer) row, in name order, and raise CapExceeded when the customer's
+    units in the window plus ``lines`` pass its max. The row lock makes two carts of
+    one customer count one after the other (each statement after it sees what the
+    other committed)."""
+    caps = list(caps)
+    if not caps:
+        return
+    CapHold.objects.bulk_create(
+        [CapHold(cap=cap.name, customer=customer) for cap in caps], ignore_conflicts=True
+    )
+    list(
+        CapHold.objects.select_for_update()
+        .filter(cap__in=[cap.name for cap in caps], customer=customer)
+        .order_by("cap")
+        .values_list("pk", flat=True)
+    )
+    now_ms = int(now.timestamp() * 1000)
+    earliest = min(cap.window_start_ms(now_ms) for cap in caps)
+    rows = Reservation.objects.filter(
+        customer=customer,
+        status__in=[Reservation.Status.RESERVED, Reservation.Status.COMMITTED],
+    )
+    if earliest:
+        rows = rows.filter(created_at__gte=dt.datetime.fromtimestamp(earliest / 1000, tz=dt.UTC))
+    held = list(rows.values_list("lines", "created_at"))
+    for cap in caps:
+        start = cap.window_start_ms(now_ms)
+        bought = sum(
+            cap.units(row_lines)
+            for row_lines, created in held
+            if created.timestamp() * 1000 >= start
+        )
+        if bought + cap.units(lines) > cap.max:
+            raise exceeded(cap, lines, bought)

@@ -1,0 +1,252 @@
+"""Purchase caps: at most N units per customer, decided in the same step as the stock,
+by every strategy, across processes (stock_locks.stock.caps)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from stock_locks.exceptions import CapExceeded, CustomerRequired, InvalidQuantity, OutOfStock
+from stock_locks.keys import StockKeys
+from stock_locks.models import Reservation
+from stock_locks.stock import get_strategy, strategy_names
+from stock_locks.stock.caps import parse_caps
+from stock_locks.stock.reconcile import stock_report
+from tests.inventory.models import Item
+from tests.support.processes import run_in_processes
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+KETTLES = {"kettles": {"skus": ["CAP-KETTLE"], "max": 2}}
+
+
+@contextmanager
+def caps(defined: dict) -> Iterator[None]:
+    with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "CAPS": defined}):
+        yield
+
+
+def items(**on_hand: int) -> None:
+    for code, units in on_hand.items():
+        Item.objects.create(code=code.replace("_", "-"), title=code, on_hand=units)
+
+
+def units_of(customer: str) -> int:
+    rows = Reservation.objects.filter(customer=customer).exclude(status="released")
+    return sum(sum(row.lines.values()) for row in rows)
+
+
+@pytest.mark.parametrize("name", strategy_names())
+def test_the_cap_refuses_the_cart_that_would_pass_it_and_moves_nothing(name):
+    items(CAP_KETTLE=10, CAP_MUG=10)
+    strategy = get_strategy(name)
+    with caps(KETTLES):
+        strategy.reserve("a-1", {"CAP-KETTLE": 1}, customer="ann")
+        with pytest.raises(CapExceeded) as refused:
+            strategy.reserve("a-2", {"CAP-KETTLE": 2, "CAP-MUG": 1}, customer="ann")
+        assert (refused.value.sku, refused.value.cap, refused.value.limit) == (
+            "CAP-KETTLE", "kettles", 2
+        )  # fmt: skip
+        assert (refused.value.bought, refused.value.requested) == (1, 2)
+        # All or nothing: neither line moved, in the database or in Redis.
+        assert Item.objects.get(code="CAP-MUG").on_hand == 10
+        assert Item.objects.get(code="CAP-KETTLE").on_hand == 9
+        assert not Reservation.objects.filter(order_ref="a-2").exists()
+        assert all(row.drift == 0 for row in stock_report())
+        # Within the cap, and for another customer, it sells.
+        strategy.reserve("a-3", {"CAP-KETTLE": 1, "CAP-MUG": 3}, customer="ann")
+        strategy.reserve("b-1", {"CAP-KETTLE": 2}, customer="bob")
+        assert (units_of("ann"), Item.objects.get(code="CAP-KETTLE").on_hand) == (5, 6)
+        # A retry of an order that stands answers it; it does not count twice.
+        again = strategy.reserve("a-3", {"CAP-KETTLE": 1, "CAP-MUG": 3}, customer="ann")
+        assert again.created is False
+
+
+@pytest.mark.parametrize("name", strategy_names())
+def test_a_release_gives_the_allowance_back_once_and_a_payment_keeps_it(name):
+    items(CAP_KETTLE=10)
+    strategy = get_strategy(name)
+    with caps(KETTLES):
+        strategy.reserve("r-1", {"CAP-KETTLE": 2}, customer="cy")
+        strategy.release("r-1")
+        strategy.release("r-1")  # a repeat gives nothing back twice
+        strategy.reserve("r-2", {"CAP-KETTLE": 1}, customer="cy")
+        strategy.commit("r-2")
+        strategy.reserve("r-3", {"CAP-KETTLE": 1}, customer="cy")
+        with pytest.raises(CapExceeded):
+            strategy.reserve("r-4", {"CAP-KETTLE": 1}, customer="cy")
+    assert units_of("cy") == 2
+
+
+def test_a_capped_line_needs_a_customer_and_bad_ones_are_refused():
+    items(CAP_KETTLE=10, CAP_MUG=10)
+    lua = get_strategy("lua")
+    with caps(KETTLES):
+        with pytest.raises(CustomerRequired):
+            lua.reserve("n-1", {"CAP-KETTLE": 1})
+        for bad in ["x" * 151, "a{b}", True, 1.5]:
+            with pytest.raises(InvalidQuantity):
+                lua.reserve("n-2", {"CAP-KETTLE": 1}, customer=bad)
+        lua.reserve("n-3", {"CAP-MUG": 1})  # an uncapped cart needs none
+        lua.reserve("n-4", {"CAP-KETTLE": 1}, customer=42)  # a user id
+    assert Reservation.objects.get(order_ref="n-4").customer == "42"
+    assert Item.objects.get(code="CAP-KETTLE").on_hand == 9
+
+
+def test_a_group_of_skus_shares_one_cap_and_a_rolling_window_frees_it():
+    items(CAP_RED=10, CAP_BLUE=10)
+    mugs = {"mugs": {"skus": ["CAP-RED", "CAP-BLUE"], "max": 3, "period": 2}}
+    lua, db = get_strategy("lua"), get_strategy("db_conditional")
+    with caps(mugs):
+        lua.reserve("g-1", {"CAP-RED": 2}, customer="di")
+        with pytest.raises(CapExceeded):
+            db.reserve("g-2", {"CAP-BLUE": 2}, customer="di")  # across strategies too
+        db.reserve("g-3", {"CAP-BLUE": 1}, customer="di")
+
+        def allowed_again():  # two seconds after g-1 and g-3, the window has moved on
+            try:
+                return lua.reserve("g-4", {"CAP-RED": 3}, customer="di")
+            except CapExceeded:
+                return None
+
+        wait_until(allowed_again, timeout=10, interval=0.2, what="the window to move on")
+
+
+def test_a_cap_from_an_event_start_counts_nothing_bought_before_it():
+    items(CAP_TV=10)
+    lua = get_strategy("lua")
+    lua.reserve("e-0", {"CAP-TV": 1}, customer="ed")  # before the event was capped
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+    with caps({"friday": {"skus": ["CAP-TV"], "max": 1, "since": start.isoformat()}}):
+        lua.reserve("e-1", {"CAP-TV": 1}, customer="ed")
+        with pytest.raises(CapExceeded):
+            lua.reserve("e-2", {"CAP-TV": 1}, customer="ed")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [],
+        {"c": {"skus": "KETTLE", "max": 1}},
+        {"c": {"skus": ["K"], "max": -1}},
+        {"c": {"skus": ["K"], "max": 1, "period": 0}},
+        {"c": {"skus": ["K"], "max": 1, "since": "yesterday"}},
+        {"c": {"skus": ["K"], "max": 1, "per": 3}},
+        {"a:b": {"skus": ["K"], "max": 1}},
+    ],
+)
+def test_a_malformed_cap_is_a_check_error(bad):
+    with pytest.raises(ValueError):
+        parse_caps(bad)
+    with caps(bad), pytest.raises(SystemCheckError, match="CAPS"):
+        call_command("check")
+
+
+def test_redis_restarted_empty_learns_the_usage_back_from_the_database(redis_client):
+    items(CAP_KETTLE=10)
+    lua = get_strategy("lua")
+    with caps(KETTLES):
+        lua.reserve("w-1", {"CAP-KETTLE": 1}, customer="flo")
+        lua.commit("w-1")
+        lua.reserve("w-2", {"CAP-KETTLE": 1}, customer="flo")
+        redis_client.flushall()
+        with pytest.raises(CapExceeded) as refused:
+            lua.reserve("w-3", {"CAP-KETTLE": 1}, customer="flo")
+        assert refused.value.bought == 2
+        usage = redis_client.hgetall(StockKeys().cap_usage("kettles", "flo"))
+        assert sorted(usage) == [b"w-1", b"w-2"]  # rebuilt, refused in Redis
+        lua.release("w-2")
+        lua.reserve("w-4", {"CAP-KETTLE": 1}, customer="flo")
+    assert units_of("flo") == 2 and all(row.drift == 0 for row in stock_report())
+
+
+@pytest.mark.parametrize("name", ["lua", "watch"])
+def test_a_redis_that_forgot_the_usage_is_overruled_by_the_database(name, redis_client):
+    """An older snapshot (the marker kept, a customer's usage lost): Redis says yes,
+    the database counts the rows and refuses, and what Redis took goes back."""
+    items(CAP_KETTLE=10)
+    strategy = get_strategy(name)
+    with caps(KETTLES):
+        strategy.reserve("o-1", {"CAP-KETTLE": 2}, customer="gus")
+        redis_client.delete(StockKeys().cap_usage("kettles", "gus"))
+        with pytest.raises(CapExceeded) as refused:
+            strategy.reserve("o-2", {"CAP-KETTLE": 1}, customer="gus")
+        assert refused.value.bought == 2
+        assert not redis_client.exists(StockKeys().record("o-2"))
+        assert not redis_client.hexists(StockKeys().cap_usage("kettles", "gus"), "o-2")
+        assert all(row.drift == 0 for row in stock_report())
+    assert Item.objects.get(code="CAP-KETTLE").on_hand == 8
+
+
+# -- many processes -------------------------------------------------------------------
+
+
+def one_customer_buys(index: int, name: str, attempts: int, defined: dict) -> Counter:
+    """Runs in a child: ``attempts`` single-unit orders by customer "zoe"."""
+    outcome: Counter = Counter()
+    strategy = get_strategy(name)
+    with caps(defined):
+        for n in range(attempts):
+            try:
+                strategy.reserve(f"{name}-{index}-{n}", {"CAP-KETTLE": 1}, customer="zoe")
+                outcome["sold"] += 1
+            except CapExceeded:
+                outcome["capped"] += 1
+    return outcome
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", strategy_names())
+def test_a_thousand_attempts_of_one_customer_from_four_processes_get_exactly_the_cap(name):
+    items(CAP_KETTLE=5000)
+    defined = {"kettles": {"skus": ["CAP-KETTLE"], "max": 7}}
+    results = run_in_processes(one_customer_buys, 4, name, 250, defined)
+    total = sum(results, Counter())
+    assert total["sold"] == 7 and total["capped"] == 993
+    assert units_of("zoe") == 7
+    assert Item.objects.get(code="CAP-KETTLE").on_hand == 5000 - 7
+    with caps(defined):
+        assert all(row.drift == 0 for row in stock_report())
+
+
+def many_customers_buy(index: int, name: str, customers: range, defined: dict) -> Counter:
+    """Runs in a child: each customer of its share tries three single-unit orders."""
+    outcome: Counter = Counter()
+    strategy = get_strategy(name)
+    with caps(defined):
+        for customer in customers[index::4]:
+            for n in range(3):
+                try:
+                    strategy.reserve(f"{name}-{customer}-{n}", {"CAP-TV": 1}, customer=customer)
+                    outcome["sold"] += 1
+                except CapExceeded:
+                    outcome["capped"] += 1
+                except OutOfStock:
+                    outcome["sold out"] += 1
+    return outcome
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", strategy_names())
+def test_a_thousand_customers_at_once_none_over_the_cap_and_nothing_oversold(name):
+    items(CAP_TV=1500)
+    defined = {"tv": {"skus": ["CAP-TV"], "max": 2}}
+    results = run_in_processes(many_customers_buy, 4, name, range(1000), defined)
+    total = sum(results, Counter())
+    per_customer = Counter()
+    for row in Reservation.objects.exclude(status="released"):
+        per_customer[row.customer] += row.lines["CAP-TV"]
+    assert max(per_customer.values()) == 2
+    assert sum(per_customer.values()) == total["sold"] == 1500  # every unit, none over
+    assert Item.objects.get(code="CAP-TV").on_hand == 0
+    with caps(defined):
+        assert all(row.drift == 0 for row in stock_report())
