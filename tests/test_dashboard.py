@@ -152,6 +152,7 @@ def test_shows_a_lock_held_by_another_process_a_semaphore_holder_and_drift(redis
             "sold": 0,
             "of": 5,
             "taken": 0.0,
+            "capped": 0,
         }
         page = client.get(reverse(PAGE)).content
         assert b"order:77" in page and b"exports" in page
@@ -290,7 +291,7 @@ def test_the_served_page_renders_every_table_and_links_each_action(redis_client)
     [row] = page.rows("sl-stock")
     assert row["attrs"] == {"data-sku": "TEA", "class": "sl-drift"}
     assert [cell["text"] for cell in row["cells"]] == [
-        "TEA", "0 of 5 sold, 0 reserved", "5", "9", "0", "0", "4"
+        "TEA", "0 of 5 sold, 0 reserved", "5", "9", "0", "0", "4", "0"
     ]  # fmt: skip
     assert page.text("sl-drifting") == "1"
     reconcile = page.by_id["sl-reconcile"]["attrs"]["href"]

@@ -73,6 +73,9 @@ def test_the_strip_counts_sales_refusals_and_errors_by_type(root, redis_client, 
         fenced_update(Item.objects.filter(code="KETTLE"), older.fence, title="stale")
     # A reserve with Redis gone: 'unavailable', nothing written.
     gone = redis_factory()
+    # Everything so far to our Redis now: this process's flusher thread must have
+    # nothing to write to the other server while the test points at it.
+    assert metrics.flush()
     with default_cache_at(gone.url):
         gone.stop()
         with pytest.raises(RedisUnavailable):

@@ -250,3 +250,32 @@ def test_a_thousand_customers_at_once_none_over_the_cap_and_nothing_oversold(nam
     assert Item.objects.get(code="CAP-TV").on_hand == 0
     with caps(defined):
         assert all(row.drift == 0 for row in stock_report())
+
+
+def test_the_dashboard_shows_the_caps_their_top_buyers_and_capped_refusals(redis_client):
+    from django.contrib.auth.models import User
+
+    from stock_locks import metrics
+    from tests.test_dashboard import client_for
+
+    items(CAP_KETTLE=10)
+    lua = get_strategy("lua")
+    metrics.reset()
+    with caps(KETTLES):
+        lua.reserve("d-1", {"CAP-KETTLE": 2}, customer="hal")
+        lua.reserve("d-2", {"CAP-KETTLE": 1}, customer="ivy")
+        for n in range(3):
+            with pytest.raises(CapExceeded):
+                lua.reserve(f"d-x{n}", {"CAP-KETTLE": 1}, customer="hal")
+        assert metrics.flush()
+        client = client_for(User.objects.create_superuser("root", password="pw"))
+        data = client.get("/admin/stock_locks/dashboard/json/").json()
+        page = client.get("/admin/stock_locks/dashboard/").content.decode()
+    [row] = [row for row in data["stock"]["rows"] if row["sku"] == "CAP-KETTLE"]
+    assert row["capped"] == 3
+    assert data["summary"]["errors"]["cap"] == 3
+    assert data["caps"] == [
+        {"name": "kettles", "skus": ["CAP-KETTLE"], "max": 2, "window": "for ever",
+         "top_buyers": [{"customer": "hal", "units": 2}, {"customer": "ivy", "units": 1}]}
+    ]  # fmt: skip
+    assert 'data-cap="kettles"' in page and "hal <b>2</b>" in page

@@ -13,7 +13,7 @@ ISO 8601 strings, durations in seconds).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.utils import timezone
@@ -31,7 +31,9 @@ from ..delayqueue import DelayQueue
 from ..exceptions import BackendUnavailable
 from ..holder import LockInfo
 from ..keys import lock_keys, semaphore_scan_pattern, unescape_name
+from ..metrics import CAPPED
 from ..operations import semaphore_state
+from ..stock.caps import configured_caps, top_buyers
 from ..stock.progress import sold_since
 from ..stock.reconcile import stock_report
 from .charts import dashboard_charts
@@ -215,11 +217,15 @@ STOCK_ORDERS: dict[str, tuple[Callable[[dict[str, Any]], Any], bool]] = {
 }
 
 
-def stock(window: int = CHART_SECONDS, order: str = "drift") -> dict[str, Any]:
+def stock(
+    window: int = CHART_SECONDS, order: str = "drift", capped: Mapping[str, float] | None = None
+) -> dict[str, Any]:
     """Per SKU: the sale's progress over the last ``window`` seconds (``sold``: units
     of reservations paid in it; ``of``: sold + open reservations + left; ``taken``:
     the share sold or held, 0-1) beside database stock, Redis counter, open
-    reservations and drift; ordered by ``order`` (a key of ``STOCK_ORDERS``)."""
+    reservations, drift and the reserves refused by a purchase cap in the window
+    (``capped``: SKU -> count, from the timeline); ordered by ``order`` (a key of
+    ``STOCK_ORDERS``)."""
     if not settings.STOCK_MODEL:
         return {"configured": False, "total": 0, "drifting": 0, "paid": 0, "order": order,
                 "rows": []}  # fmt: skip
@@ -231,6 +237,7 @@ def stock(window: int = CHART_SECONDS, order: str = "drift") -> dict[str, Any]:
         row["sold"] = sold.get(line.sku, 0)
         row["of"] = row["sold"] + line.reserved + line.db
         row["taken"] = round((row["sold"] + line.reserved) / row["of"], 4) if row["of"] else 0.0
+        row["capped"] = int((capped or {}).get(line.sku, 0))
         rows.append(row)
     key, descending = STOCK_ORDERS.get(order, STOCK_ORDERS["drift"])
     rows.sort(key=key, reverse=descending)
@@ -242,6 +249,27 @@ def stock(window: int = CHART_SECONDS, order: str = "drift") -> dict[str, Any]:
         "order": order if order in STOCK_ORDERS else "drift",
         "rows": rows[:STOCK_ROWS_SHOWN],
     }
+
+
+TOP_BUYERS = 5  # customers shown per cap
+
+
+def purchase_caps() -> list[dict[str, Any]]:
+    """Each configured cap: its SKUs, max per customer, window, and the customers
+    holding the most units under it now (reservations holding stock)."""
+    rows = []
+    for cap in configured_caps().values():
+        window = "for ever"
+        if cap.since and cap.period:
+            window = f"{cap.period} s rolling, from {cap.since.isoformat()}"
+        elif cap.period:
+            window = f"{cap.period} s rolling"
+        elif cap.since:
+            window = f"from {cap.since.isoformat()}"
+        buyers = [{"customer": c, "units": n} for c, n in top_buyers(cap, TOP_BUYERS)]
+        rows.append({"name": cap.name, "skus": sorted(cap.skus), "max": cap.max,
+                     "window": window, "top_buyers": buyers})  # fmt: skip
+    return rows
 
 
 def charts(timeline: Timeline) -> list[dict[str, Any]]:
@@ -268,11 +296,10 @@ def snapshot(
     with translated():
         timeline = recent(window, client)
         locks = lock_page(lock_search, lock_page_number, client)
-        sems, queues, stock_table = (
-            semaphores(client),
-            delay_queues(client),
-            stock(window, stock_order),
-        )
+        capped = {name[len(CAPPED) :]: n for name, n in timeline.totals.items()
+                  if name.startswith(CAPPED)}  # fmt: skip
+        sems, queues = semaphores(client), delay_queues(client)
+        stock_table = stock(window, stock_order, capped)
         processes = heartbeats(client, timeline.now_ms)
         return {
             "generated_at": timezone.now().isoformat(),
@@ -287,4 +314,5 @@ def snapshot(
             "semaphores": sems,
             "delay_queues": queues,
             "stock": stock_table,
+            "caps": purchase_caps(),
         }  # fmt: skip

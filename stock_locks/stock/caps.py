@@ -32,10 +32,13 @@ decides (what Redis lost, it re-learns from the rows).
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import connections, router
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from ..conf import settings
@@ -219,3 +222,37 @@ def check_in_database(customer: str, lines: Cart, caps: Iterable[Cap], now: dt.d
         )
         if bought + cap.units(lines) > cap.max:
             raise exceeded(cap, lines, bought)
+
+
+def top_buyers(cap: Cap, limit: int = 10) -> list[tuple[str, int]]:
+    """The customers holding the most units under ``cap`` in its window now (reservations
+    holding stock), most first: (customer, units). On PostgreSQL summed by the database."""
+    db = router.db_for_read(Reservation)
+    connection = connections[db]
+    now_ms = int(timezone.now().timestamp() * 1000)
+    rows = (
+        Reservation.objects.using(db)
+        .order_by()
+        .exclude(customer="")
+        .filter(
+            status__in=[Reservation.Status.RESERVED, Reservation.Status.COMMITTED],
+            created_at__gte=dt.datetime.fromtimestamp(
+                cap.window_start_ms(now_ms) / 1000, tz=dt.UTC
+            ),
+        )
+    )
+    if connection.vendor == "postgresql":
+        sql, params = rows.values_list("customer", "lines").query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT held.customer, SUM(line.value::bigint) AS units FROM ({sql}) AS "
+                "held(customer, lines), jsonb_each_text(held.lines) AS line "
+                "WHERE line.key = ANY(%s) GROUP BY held.customer ORDER BY units DESC, "
+                "held.customer LIMIT %s",
+                [*params, sorted(cap.skus), limit],
+            )
+            return [(customer, int(units)) for customer, units in cursor.fetchall()]
+    units: Counter[str] = Counter()
+    for customer, lines in rows.values_list("customer", "lines").iterator():
+        units[customer] += cap.units(lines)
+    return sorted(((c, n) for c, n in units.items() if n), key=lambda p: (-p[1], p[0]))[:limit]

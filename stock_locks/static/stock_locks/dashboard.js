@@ -181,6 +181,7 @@
       cell(row.reserved, "num"),
       cell(row.in_flight, "num"),
       cell(row.settled ? row.drift : "moving", "num"),
+      cell(row.capped, "num"),
     );
   }
 
@@ -243,7 +244,7 @@
     fill("sl-dead", deadLetterRows(snapshot.delay_queues), 6 + actionColumn, "No dead letters.");
     const stock = snapshot.stock;
     document.getElementById("sl-drifting").textContent = String(stock.drifting);
-    fill("sl-stock", stock.rows.map(stockRow), 7,
+    fill("sl-stock", stock.rows.map(stockRow), 8,
       stock.configured ? "No SKU." : "STOCK_LOCKS['STOCK_MODEL'] is not set.");
     const updated = document.getElementById("sl-updated");
     updated.dateTime = snapshot.generated_at;
