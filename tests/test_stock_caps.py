@@ -279,3 +279,23 @@ def test_the_dashboard_shows_the_caps_their_top_buyers_and_capped_refusals(redis
          "top_buyers": [{"customer": "hal", "units": 2}, {"customer": "ivy", "units": 1}]}
     ]  # fmt: skip
     assert 'data-cap="kettles"' in page and "hal <b>2</b>" in page
+
+
+@pytest.mark.parametrize("name", ["lua", "db_conditional"])
+def test_areserve_counts_the_same_caps(name):
+    import asyncio
+
+    items(CAP_KETTLE=10)
+    strategy = get_strategy(name)
+
+    async def buy(ref: str):
+        return await strategy.areserve(ref, {"CAP-KETTLE": 1}, customer="jo")
+
+    with caps(KETTLES):
+        asyncio.run(buy("as-1"))
+        asyncio.run(buy("as-2"))
+        with pytest.raises(CapExceeded):
+            asyncio.run(buy("as-3"))
+        with pytest.raises(CustomerRequired):
+            asyncio.run(strategy.areserve("as-4", {"CAP-KETTLE": 1}))
+    assert units_of("jo") == 2 and Item.objects.get(code="CAP-KETTLE").on_hand == 8
