@@ -178,3 +178,43 @@ def test_with_group_commit_off_every_reservation_is_its_own_transaction():
     assert [child.result() for child in children] == [("sold", True)] * BUYERS
     assert transactions() == [1] * BUYERS
     assert audit("HOT", 10).conserved
+
+
+def buy_capped(
+    ref: str, cart: dict[str, int], wait: float, strategy: str = "lua"
+) -> tuple[str, Any]:  # in a child
+    """``buy`` for customer ``ref`` under a cap of one unit of HOT per customer."""
+    caps = {"one-each": {"skus": ["HOT"], "max": 1}}
+    with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "GROUP_COMMIT_WAIT": wait,
+                                        "CAPS": caps}):  # fmt: skip
+        return "sold", get_strategy(strategy).reserve(ref, cart, customer=ref).created
+
+
+@pytest.mark.parametrize("strategy", ["lua", "watch"])
+def test_capped_reservations_share_one_transaction_with_their_caps_counted(strategy):
+    Item.objects.create(code="HOT", title="hot", on_hand=10)
+    children = buyers_behind_a_locked_row({"HOT": 1}, strategy=strategy, buyer=buy_capped)
+    assert [child.result() for child in children] == [("sold", True)] * BUYERS
+    assert transactions() == [1, BUYERS - 1]
+    rows = Reservation.objects.filter(order_ref__startswith="gc-")
+    assert sorted(rows.values_list("customer", flat=True)) == [f"gc-{i}" for i in range(BUYERS)]
+
+
+def test_a_batch_counts_each_customers_orders_together_and_refuses_past_the_cap():
+    from stock_locks.exceptions import CapExceeded
+    from stock_locks.stock.table import Order, StockTable
+
+    Item.objects.create(code="HOT", title="hot", on_hand=10)
+    caps = {"two-each": {"skus": ["HOT"], "max": 2}}
+    table = StockTable()
+    with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "CAPS": caps}):
+        within = [Order("b-1", {"HOT": 1}, "lua", None, "kim"),
+                  Order("b-2", {"HOT": 1}, "lua", None, "kim")]  # fmt: skip
+        assert set(table.take_and_record_many(within)) == {"b-1", "b-2"}
+        past = [Order("b-3", {"HOT": 1}, "lua", None, "lee"),
+                Order("b-4", {"HOT": 1}, "lua", None, "kim")]  # fmt: skip
+        with pytest.raises(CapExceeded) as refused:
+            table.take_and_record_many(past)
+    assert (refused.value.cap, refused.value.bought) == ("two-each", 2)
+    assert not Reservation.objects.filter(order_ref__in=["b-3", "b-4"]).exists()
+    assert Item.objects.get(code="HOT").on_hand == 8  # the refused batch took nothing

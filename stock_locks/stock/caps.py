@@ -32,6 +32,7 @@ decides (what Redis lost, it re-learns from the rows).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -186,42 +187,82 @@ def cap_entries(entries: Mapping[Any, Any], cap: Cap, now_ms: int) -> tuple[int,
     return used, gone
 
 
-def check_in_database(customer: str, lines: Cart, caps: Iterable[Cap], now: dt.datetime) -> None:
-    """In the caller's transaction, after the stock rows were taken: lock each cap's
-    (cap, customer) row, in name order, and raise CapExceeded when the customer's
-    units in the window plus ``lines`` pass its max. The row lock makes two carts of
-    one customer count one after the other (each statement after it sees what the
-    other committed)."""
-    caps = list(caps)
-    if not caps:
+def _hold(holds: set[tuple[str, str]]) -> None:
+    """Lock each (cap, customer) of ``holds`` until the transaction ends, in one order
+    every writer shares (no deadlock). PostgreSQL: transaction-level advisory locks
+    on a hash of the pair (nothing written; a collision only serialises two
+    customers). SQLite serialises writing transactions already (the stock row was
+    written first). Elsewhere: the pair's CapHold row, created when missing, locked
+    FOR UPDATE."""
+    vendor = connections[router.db_for_write(Reservation)].vendor
+    if vendor == "sqlite":
+        return
+    pairs = sorted(holds)
+    if vendor == "postgresql":
+        keys = sorted({_advisory_key(cap, customer) for cap, customer in pairs})
+        with connections[router.db_for_write(Reservation)].cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(key) FROM unnest(%s::bigint[]) AS key ORDER BY key",
+                [keys],
+            )
         return
     CapHold.objects.bulk_create(
-        [CapHold(cap=cap.name, customer=customer) for cap in caps], ignore_conflicts=True
+        [CapHold(cap=cap, customer=customer) for cap, customer in pairs], ignore_conflicts=True
     )
     list(
         CapHold.objects.select_for_update()
-        .filter(cap__in=[cap.name for cap in caps], customer=customer)
-        .order_by("cap")
+        .filter(cap__in={cap for cap, _ in pairs}, customer__in={c for _, c in pairs})
+        .order_by("cap", "customer")
         .values_list("pk", flat=True)
     )
+
+
+ADVISORY_NAMESPACE = b"stock_locks.cap"
+
+
+def _advisory_key(cap: str, customer: str) -> int:
+    """A signed 64-bit key for PostgreSQL's advisory lock of (cap, customer)."""
+    digest = hashlib.blake2b(f"{cap}\0{customer}".encode(), digest_size=8,
+                             person=ADVISORY_NAMESPACE).digest()  # fmt: skip
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def count_in_database(purchases: list[tuple[str, Cart, list[Cap]]], now: dt.datetime) -> None:
+    """In the caller's transaction, after its stock rows were taken: count each
+    purchase ``(customer, lines, its caps)`` against its customer's caps, in order,
+    each with the earlier ones of the list (not inserted yet), and raise CapExceeded
+    for the first that passes a max (the caller's transaction rolls back).
+
+    First each (cap, customer) is locked (:func:`_hold`): two transactions of one
+    customer count one after the other (the statement after the lock sees what the
+    other committed). Then one query reads the customers' reservations holding
+    stock in the widest window."""
+    purchases = [p for p in purchases if p[2]]
+    if not purchases:
+        return
+    _hold({(cap.name, customer) for customer, _, caps in purchases for cap in caps})
     now_ms = int(now.timestamp() * 1000)
-    earliest = min(cap.window_start_ms(now_ms) for cap in caps)
+    earliest = min(cap.window_start_ms(now_ms) for _, _, caps in purchases for cap in caps)
     rows = Reservation.objects.filter(
-        customer=customer,
+        customer__in={customer for customer, _, _ in purchases},
         status__in=[Reservation.Status.RESERVED, Reservation.Status.COMMITTED],
     )
     if earliest:
         rows = rows.filter(created_at__gte=dt.datetime.fromtimestamp(earliest / 1000, tz=dt.UTC))
-    held = list(rows.values_list("lines", "created_at"))
-    for cap in caps:
-        start = cap.window_start_ms(now_ms)
-        bought = sum(
-            cap.units(row_lines)
-            for row_lines, created in held
-            if created.timestamp() * 1000 >= start
-        )
-        if bought + cap.units(lines) > cap.max:
-            raise exceeded(cap, lines, bought)
+    held: dict[str, list[tuple[Cart, int]]] = {}
+    for customer, row_lines, created in rows.values_list("customer", "lines", "created_at"):
+        held.setdefault(customer, []).append((row_lines, int(created.timestamp() * 1000)))
+    earlier: Counter[tuple[str, str]] = Counter()  # units of the list's earlier purchases
+    for customer, lines, caps in purchases:
+        for cap in caps:
+            start = cap.window_start_ms(now_ms)
+            bought = earlier[(cap.name, customer)] + sum(
+                cap.units(row_lines) for row_lines, made in held.get(customer, ()) if made >= start
+            )
+            if bought + cap.units(lines) > cap.max:
+                raise exceeded(cap, lines, bought)
+        for cap in caps:
+            earlier[(cap.name, customer)] += cap.units(lines)
 
 
 def top_buyers(cap: Cap, limit: int = 10) -> list[tuple[str, int]]:

@@ -98,9 +98,11 @@ class RedisStockStrategy(StockStrategy):
     def do_reserve(
         self, order_ref: str, lines: Cart, ttl_ms: int | None, buyer: Buyer = NOBODY
     ) -> Reservation:
-        # (A capped reservation is written alone: its transaction counts the buyer's caps.)
-        grouped = settings.GROUP_COMMIT and not buyer.caps
-        job = Confirmation(order_ref, lines, self.name, ttl_ms) if grouped else None
+        job = (
+            Confirmation(order_ref, lines, self.name, ttl_ms, customer=buyer.customer)
+            if settings.GROUP_COMMIT
+            else None
+        )
         try:
             took, now_ms, retries, joined = self.reserve_in_redis(order_ref, lines, job, buyer)
         except RedisUnavailable as exc:

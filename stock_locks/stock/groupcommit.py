@@ -48,7 +48,7 @@ from ..keys import StockKeys
 from ..models import Reservation
 from .cart import Cart
 from .ledger import held_for
-from .table import StockTable, recorded
+from .table import Order, StockTable, recorded
 
 log = logging.getLogger("stock_locks.stock")
 
@@ -69,6 +69,7 @@ class Confirmation:
     strategy: str
     ttl_ms: int | None
     now_ms: int | None = None
+    customer: str = ""  # who it counts against under the purchase caps ('' none)
     #: This caller's token, should it lead (set by :meth:`join_args`).
     token: str = field(default="", compare=False)
     #: Whether a leader took its queue entry and this caller stopped waiting for the
@@ -86,14 +87,15 @@ class Confirmation:
         return dt.datetime.fromtimestamp((now_ms + self.ttl_ms) / 1000, tz=dt.UTC)
 
     def encode(self) -> str:
-        return json.dumps([self.order_ref, self.lines, self.strategy, self.ttl_ms])
+        job = [self.order_ref, self.lines, self.strategy, self.ttl_ms]
+        return json.dumps([*job, self.customer] if self.customer else job)
 
     @classmethod
     def decode(cls, entry: bytes | str) -> Confirmation:
         """From a queue entry, ``"<deadline ms> <now ms> <encoded>"``."""
         _, now_ms, encoded = _text(entry).split(" ", 2)
-        ref, lines, strategy, ttl_ms = json.loads(encoded)
-        return cls(ref, lines, strategy, ttl_ms, int(now_ms))
+        ref, lines, strategy, ttl_ms, *customer = json.loads(encoded)
+        return cls(ref, lines, strategy, ttl_ms, int(now_ms), *customer)
 
     def join_args(self) -> list[Any]:
         """The arguments of a join (lib/confirm_join.lua): job, token, lease and wait in ms.
@@ -177,6 +179,7 @@ class GroupCommit:
             return recorded(
                 int(pk), dt.datetime.fromisoformat(created), job.order_ref, job.lines,
                 job.strategy, retries, job.due(queued_ms(joined)), router.db_for_write(Reservation),
+                job.customer,
             )  # fmt: skip
         if answer == TAKEN:
             object.__setattr__(job, "taken_by_leader", True)  # (as join_args sets token)
@@ -244,7 +247,10 @@ class GroupCommit:
         orders = {job.order_ref: job for job in batch}  # one per ref
         try:
             inserted = self.stock.take_and_record_many(
-                [(j.order_ref, j.lines, j.strategy, j.expires_at) for j in orders.values()]
+                [
+                    Order(j.order_ref, j.lines, j.strategy, j.expires_at, j.customer)
+                    for j in orders.values()
+                ]  # fmt: skip
             )
         except (StockLocksError, IntegrityError, DatabaseError) as exc:
             # Refused or failed as a whole: each caller writes its own (the database

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from ..exceptions import ReservationError
 from ..models import Reservation
-from .caps import NOBODY, Buyer, check_in_database
+from .caps import NOBODY, Buyer, count_in_database
 from .cart import Cart
 
 
@@ -30,7 +30,7 @@ def new_reservation(
     """Insert the RESERVED row (in the caller's transaction, after it took the stock
     rows); IntegrityError if the ref exists. With caps, the buyer's are counted first
     (CapExceeded: the caller's transaction must roll back)."""
-    check_in_database(buyer.customer, lines, buyer.caps, timezone.now())
+    count_in_database([(buyer.customer, lines, list(buyer.caps))], timezone.now())
     reservation = Reservation.objects.create(
         order_ref=order_ref, lines=lines, strategy=strategy, expires_at=expires_at,
         customer=buyer.customer,

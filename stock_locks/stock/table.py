@@ -15,19 +15,30 @@ import datetime as dt
 import json
 from collections.abc import Iterable
 from contextlib import nullcontext
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, models, router, transaction
+from django.utils import timezone
 
 from ..conf import settings
 from ..exceptions import OutOfStock
 from ..fencing import stale
 from ..models import Reservation
-from .caps import NOBODY, Buyer
+from .caps import NOBODY, Buyer, caps_for, count_in_database
 from .cart import Cart, unknown_sku
 from .ledger import new_reservation
+
+
+class Order(NamedTuple):
+    """One reservation a statement writes (``customer``: '' when uncapped)."""
+
+    ref: str
+    lines: Cart
+    strategy: str
+    expires_at: dt.datetime | None
+    customer: str = ""
 
 
 class StockTable:
@@ -116,7 +127,7 @@ class StockTable:
         db = router.db_for_write(Reservation)
         if len(lines) == 1 and not buyer.caps and connections[db].vendor == "postgresql":
             [sku] = lines
-            order = (order_ref, lines, strategy, expires_at)
+            order = Order(order_ref, lines, strategy, expires_at)
             inserted = self._take_and_record_in_one_statement(db, sku, [order])
             pk, created_at = inserted[order_ref]
             return recorded(pk, created_at, order_ref, lines, strategy, retries, expires_at, db)
@@ -141,7 +152,7 @@ class StockTable:
         return res, q(product.db_table), sku_col, qty_col
 
     def _take_and_record_in_one_statement(
-        self, db: str, sku: str, orders: list[tuple[str, Cart, str, dt.datetime | None]]
+        self, db: str, sku: str, orders: list[Order]
     ) -> dict[str, tuple[int, dt.datetime]]:
         """Reservations whose carts all ask for one SKU, in one statement (a
         data-modifying CTE): one guarded decrement of their sum, and their rows
@@ -149,7 +160,7 @@ class StockTable:
         :class:`OutOfStock` when the sum is not there and ``IntegrityError`` when a
         ref already has a row (nothing written either way)."""
         res, table, sku_col, qty_col = self._columns(db)
-        total = sum(lines[sku] for _, lines, _, _ in orders)
+        total = sum(order.lines[sku] for order in orders)
         into, values, returning, rows = _reservation_rows(res, orders)
         sql = (
             f"WITH taken AS (UPDATE {table} SET {qty_col} = {qty_col} - %s "
@@ -169,25 +180,29 @@ class StockTable:
         return inserted
 
     def take_and_record_many(
-        self, orders: list[tuple[str, Cart, str, dt.datetime | None]]
+        self, orders: Iterable[tuple[Any, ...]]
     ) -> dict[str, tuple[int, dt.datetime]]:
-        """Several reservations, each ``(order ref, lines, strategy, expires_at)``, in
+        """Several reservations, each an :class:`Order` (or its fields as a tuple), in
         one transaction on PostgreSQL: their RESERVED rows and their units, one
-        guarded decrement per SKU for their sum. One commit, and one wait on each hot
-        row, for all of them.
+        guarded decrement per SKU for their sum, and their customers' purchase caps
+        counted. One commit, and one wait on each hot row, for all of them.
 
         Carts of one and the same SKU (a flash sale's) are one statement, and a ref
         that already has a row fails them all (``IntegrityError``). Other batches
         skip such refs, and take their SKUs in SKU order before inserting rows, as
         every other write does (no two writes can deadlock). Returns ``{order ref:
         (id, created_at)}`` of the rows inserted. Raises :class:`OutOfStock` (or
-        :class:`InvalidQuantity`) when a SKU has less than the sum: nothing is written.
+        :class:`InvalidQuantity`) when a SKU has less than the sum, or CapExceeded
+        when a reservation would pass a cap: nothing is written.
         """
+        batch = [Order(*order) for order in orders]
         db = router.db_for_write(Reservation)
-        skus = {sku for _, lines, _, _ in orders for sku in lines}
-        if len(skus) == 1 and all(len(lines) == 1 for _, lines, _, _ in orders):
+        skus = {sku for order in batch for sku in order.lines}
+        capped = {order.ref: caps_for(order.lines) for order in batch if order.customer}
+        capped = {ref: caps for ref, caps in capped.items() if caps}
+        if len(skus) == 1 and not capped and all(len(order.lines) == 1 for order in batch):
             [sku] = skus
-            return self._take_and_record_in_one_statement(db, sku, orders)
+            return self._take_and_record_in_one_statement(db, sku, batch)
         res, table, sku_col, qty_col = self._columns(db)
         take = (
             f"UPDATE {table} SET {qty_col} = {qty_col} - %s "
@@ -201,17 +216,20 @@ class StockTable:
             # batch waited for, and waited for the row this batch had inserted.)
             cursor.execute(
                 f"SELECT {res['order_ref']} FROM {res['table']} WHERE {res['order_ref']} = ANY(%s)",
-                [[ref for ref, _, _, _ in orders]],
+                [[order.ref for order in batch]],
             )
             have_rows = {ref for (ref,) in cursor.fetchall()}
-            pending = [order for order in orders if order[0] not in have_rows]
+            pending = [order for order in batch if order.ref not in have_rows]
             if not pending:
                 return {}
-            totals = _units(lines for _, lines, _, _ in pending)
+            totals = _units(order.lines for order in pending)
             for sku in sorted(totals):
                 cursor.execute(take, [totals[sku], sku, totals[sku]])
                 if cursor.rowcount == 0:
                     raise self._refusal(sku, totals[sku], None)
+            # (then the caps: CapExceeded rolls the batch back, to be written one by one)
+            purchases = [(o.customer, o.lines, capped[o.ref]) for o in pending if o.ref in capped]
+            count_in_database(purchases, timezone.now())
             into, values, returning, params = _reservation_rows(res, pending)
             cursor.execute(
                 f"{into} VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING {returning}",
@@ -219,7 +237,7 @@ class StockTable:
             )
             inserted = {ref: (pk, created) for ref, pk, created in cursor.fetchall()}
             # A ref whose row a concurrent request committed meanwhile: its units go back.
-            back = _units(lines for ref, lines, _, _ in pending if ref not in inserted)
+            back = _units(order.lines for order in pending if order.ref not in inserted)
             for sku in sorted(back):
                 cursor.execute(give, [back[sku], sku])
         return inserted
@@ -239,18 +257,17 @@ def _units(carts: Iterable[Cart]) -> dict[str, int]:
     return totals
 
 
-def _reservation_rows(
-    res: dict[str, str], orders: list[tuple[str, Cart, str, dt.datetime | None]]
-) -> tuple[str, str, str, list[Any]]:
+def _reservation_rows(res: dict[str, str], orders: list[Order]) -> tuple[str, str, str, list[Any]]:
     """The RESERVED rows of ``orders`` for an INSERT: its ``INSERT INTO ...(columns)``,
     a VALUES list, a RETURNING of (order ref, id, created_at), and the parameters."""
-    columns = ("order_ref", "lines", "strategy", "status", "created_at", "updated_at")
+    columns = ("order_ref", "lines", "strategy", "status", "customer", "created_at", "updated_at")
     into = f"INSERT INTO {res['table']} ({', '.join(res[c] for c in columns)}, {res['expires_at']})"
-    row = "(%s, %s::jsonb, %s, %s, now(), now(), %s::timestamptz)"
+    row = "(%s, %s::jsonb, %s, %s, %s, now(), now(), %s::timestamptz)"
     returning = f"RETURNING {res['order_ref']}, {res['id']}, {res['created_at']}"
     params: list[Any] = []
-    for ref, lines, strategy, expires_at in orders:
-        params += [ref, json.dumps(lines), strategy, Reservation.Status.RESERVED, expires_at]
+    for ref, lines, strategy, expires_at, customer in orders:
+        status = Reservation.Status.RESERVED
+        params += [ref, json.dumps(lines), strategy, status, customer, expires_at]
     return into, ", ".join([row] * len(orders)), returning, params
 
 
@@ -263,13 +280,14 @@ def recorded(
     retries: int,
     expires_at: dt.datetime | None,
     db: str,
+    customer: str = "",
 ) -> Reservation:
     """The RESERVED reservation a statement of ours just inserted, as a saved model
     instance (``created`` True), without reading it back."""
     reservation = Reservation(
         id=pk, order_ref=order_ref, lines=lines, strategy=strategy,
         status=Reservation.Status.RESERVED, created_at=created_at, updated_at=created_at,
-        expires_at=expires_at,
+        expires_at=expires_at, customer=customer,
     )  # fmt: skip
     reservation._state.adding, reservation._state.db = False, db
     reservation.created, reservation.retries = True, retries
