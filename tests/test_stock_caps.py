@@ -304,3 +304,36 @@ def test_lua_areserve_counts_the_same_caps_on_the_event_loop():
     with caps(KETTLES):
         assert asyncio.run(sale()) == ["reserved", "reserved", "CapExceeded", "CustomerRequired"]
     assert units_of("jo") == 2 and Item.objects.get(code="CAP-KETTLE").on_hand == 8
+
+
+def test_reconcile_measures_and_repairs_cap_usage_drift(redis_client):
+    from io import StringIO
+
+    from django.core.management.base import CommandError
+
+    from stock_locks.stock.reconcile import cap_usage_report
+
+    items(CAP_KETTLE=10)
+    lua = get_strategy("lua")
+    keys = StockKeys()
+    with caps(KETTLES):
+        lua.reserve("u-1", {"CAP-KETTLE": 1}, customer="max")
+        lua.reserve("u-2", {"CAP-KETTLE": 1}, customer="max")
+        lua.commit("u-2")
+        usage = keys.cap_usage("kettles", "max")
+        # Drift both ways: a paid order Redis forgot, an entry that holds nothing.
+        redis_client.hdel(usage, "u-2")
+        redis_client.hset(usage, "ghost", f"1:{int(redis_client.time()[0]) * 1000}")
+        [row] = cap_usage_report()
+        assert (row.db, row.redis, row.in_flight) == (2, 2, 0)
+        assert (row.stale, sorted(row.missing)) == (["ghost"], ["u-2"])
+        err = StringIO()
+        with pytest.raises(CommandError, match="cap usage drift"):
+            call_command("reconcile_stock", stdout=StringIO(), stderr=err)
+        assert "'max'" in err.getvalue()
+        call_command("reconcile_stock", "--fix", stdout=StringIO(), stderr=StringIO())
+        [row] = cap_usage_report()
+        assert (row.db, row.redis, row.stale, row.missing) == (2, 2, [], {})
+        assert sorted(redis_client.hkeys(usage)) == [b"u-1", b"u-2"]
+        with pytest.raises(CapExceeded):  # Redis refuses again, as the database would
+            lua.reserve("u-3", {"CAP-KETTLE": 1}, customer="max")
