@@ -265,6 +265,48 @@ def count_in_database(purchases: list[tuple[str, Cart, list[Cap]]], now: dt.date
             earlier[(cap.name, customer)] += cap.units(lines)
 
 
+@dataclass(frozen=True)
+class Held:
+    """A reservation holding stock (open or paid) counted under one cap now."""
+
+    cap: Cap
+    customer: str
+    ref: str
+    units: int
+    made_ms: int  # its created_at, epoch ms
+    status: str
+    strategy: str
+
+    @property
+    def entry(self) -> str:
+        """Its value in the customer's usage hash in Redis."""
+        return f"{self.units}:{self.made_ms}"
+
+
+def held_under_caps() -> list[Held]:
+    """Every reservation with a customer that holds stock and counts under a configured
+    cap in that cap's window now, once per such cap (one query)."""
+    caps = list(configured_caps().values())
+    if not caps:
+        return []
+    now_ms = int(timezone.now().timestamp() * 1000)
+    earliest = min(cap.window_start_ms(now_ms) for cap in caps)
+    rows = Reservation.objects.exclude(customer="").filter(
+        status__in=[Reservation.Status.RESERVED, Reservation.Status.COMMITTED],
+        created_at__gte=dt.datetime.fromtimestamp(earliest / 1000, tz=dt.UTC),
+    )
+    held = []
+    for ref, lines, customer, status, strategy, created_at in rows.values_list(
+        "order_ref", "lines", "customer", "status", "strategy", "created_at"
+    ).iterator():
+        made = int(created_at.timestamp() * 1000)
+        for cap in caps:
+            units = cap.units(lines)
+            if units and made >= cap.window_start_ms(now_ms):
+                held.append(Held(cap, customer, ref, units, made, status, strategy))
+    return held
+
+
 def top_buyers(cap: Cap, limit: int = 10) -> list[tuple[str, int]]:
     """The customers holding the most units under ``cap`` in its window now (reservations
     holding stock), most first: (customer, units). On PostgreSQL summed by the database."""

@@ -20,7 +20,6 @@ entries with their record. ``manage.py reconcile_stock`` reports and repairs it.
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,8 +28,7 @@ from django.utils import timezone
 from ...backends.redis.client import get_redis
 from ...backends.redis.protocol import decoded
 from ...keys import StockKeys
-from ...models import Reservation
-from ..caps import configured_caps
+from ..caps import configured_caps, held_under_caps
 
 
 @dataclass
@@ -57,19 +55,13 @@ def cap_usage_report(client: Any = None) -> list[CapUsage]:
     client = client or get_redis()
     keys = StockKeys()
     now_ms = int(timezone.now().timestamp() * 1000)
+    by_cap: dict[str, dict[str, dict[str, str]]] = {}  # cap -> customer -> ref -> entry
+    for row in held_under_caps():
+        by_cap.setdefault(row.cap.name, {}).setdefault(row.customer, {})[row.ref] = row.entry
     report = []
     for cap in configured_caps().values():
         start = cap.window_start_ms(now_ms)
-        rows = Reservation.objects.exclude(customer="").filter(
-            status__in=[Reservation.Status.RESERVED, Reservation.Status.COMMITTED],
-            created_at__gte=dt.datetime.fromtimestamp(start / 1000, tz=dt.UTC),
-        )
-        held: dict[str, dict[str, str]] = {}
-        for ref, customer, lines, created in rows.values_list(
-            "order_ref", "customer", "lines", "created_at"
-        ):
-            if units := cap.units(lines):
-                held.setdefault(customer, {})[ref] = f"{units}:{int(created.timestamp() * 1000)}"
+        held = by_cap.get(cap.name, {})
         customers = sorted(held)
         pipe = client.pipeline(transaction=False)
         for customer in customers:

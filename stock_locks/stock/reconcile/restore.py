@@ -15,8 +15,6 @@ import logging
 import secrets
 from typing import Any
 
-from django.utils import timezone
-
 from ... import scripts
 from ...backends.redis.client import get_redis
 from ...backends.redis.cluster import on_node
@@ -24,7 +22,7 @@ from ...backends.redis.protocol import decoded
 from ...keys import StockKeys
 from ...locks import Lock
 from ...models import Reservation
-from ..caps import configured_caps
+from ..caps import held_under_caps
 from ..cart import unknown_sku
 from ..registry import counter_strategies
 from ..soldout import units_back
@@ -121,27 +119,14 @@ def cap_usage_rows(keys: StockKeys) -> list[tuple[str, str, str, bool]]:
     """What Redis holds of the customers' usage under every cap, from the database:
     (usage key, order ref, ``units:ms``, whether the reservation is open and has a
     Redis record)."""
-    caps = list(configured_caps().values())
-    if not caps:
-        return []
-    now_ms = int(timezone.now().timestamp() * 1000)
-    earliest = min(cap.window_start_ms(now_ms) for cap in caps)
-    rows = Reservation.objects.exclude(customer="").filter(
-        status__in=[Reservation.Status.RESERVED, Reservation.Status.COMMITTED],
-        created_at__gte=dt.datetime.fromtimestamp(earliest / 1000, tz=dt.UTC),
-    )
     with_records = counter_strategies()
-    usage = []
-    for ref, lines, customer, status, strategy, created_at in rows.values_list(
-        "order_ref", "lines", "customer", "status", "strategy", "created_at"
-    ):
-        made = int(created_at.timestamp() * 1000)
-        is_open = status == Reservation.Status.RESERVED and strategy in with_records
-        for cap in caps:
-            units = cap.units(lines)
-            if units and made >= cap.window_start_ms(now_ms):
-                usage.append((keys.cap_usage(cap.name, customer), ref, f"{units}:{made}", is_open))
-    return usage
+    return [
+        (
+            keys.cap_usage(held.cap.name, held.customer), held.ref, held.entry,
+            held.status == Reservation.Status.RESERVED and held.strategy in with_records,
+        )
+        for held in held_under_caps()
+    ]  # fmt: skip
 
 
 def _marker(client: Any) -> dict[str, Any]:
