@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.test import override_settings
 
+from stock_locks.backends.redis import get_redis
 from stock_locks.exceptions import OutOfStock
 from stock_locks.models import Reservation
 from stock_locks.stock import get_strategy
@@ -120,6 +121,39 @@ def test_two_identical_requests_in_flight_get_the_same_answer():
     book = audit("TEA", 1)
     assert (book.oversold, book.lost) == (0, 0), book.summary()
     assert drift() == {}, "a unit of the twin's row was given back in Redis"
+
+
+def reserve_with(strategy: str, ref: str, cart: dict[str, int]) -> Any:  # in a child
+    try:
+        return get_strategy(strategy).reserve(ref, cart).pk
+    except OutOfStock as refusal:
+        return f"out of stock: {refusal.available} left"
+
+
+@pytest.mark.parametrize("strategy", ["lock", "db_row_lock", "db_conditional"])
+def test_two_identical_requests_queued_on_the_last_unit_get_the_same_answer(strategy):
+    # The database strategies: the first twin waits on the stock row (held here), the
+    # second on the row too (lock: on the first's SKU lock). Let go, the first takes the
+    # last unit and writes the row; the second's guarded write then finds none left. It
+    # must answer with its twin's row (before: 409 out_of_stock to one, order N to the
+    # other; found over HTTP by tests/demo/faults/test_shop_duplicates.py).
+    Item.objects.create(code="TEA", title="Tea", on_hand=1)
+    with row_locked("TEA"):
+        first = Child(reserve_with, strategy, "twin", {"TEA": 1}, env={"PGAPPNAME": "twin-1"})
+        wait_until(lambda: waiting_on_a_lock("twin-1"), what="the first twin at the row")
+        second = Child(reserve_with, strategy, "twin", {"TEA": 1}, env={"PGAPPNAME": "twin-2"})
+        if strategy == "lock":
+            wait_until(
+                lambda: get_redis().info("clients")["blocked_clients"],
+                what="the second twin waiting for the SKU lock (BLPOP)",
+            )
+        else:
+            wait_until(lambda: waiting_on_a_lock("twin-2"), what="the second twin at the row")
+    answers = [first.result(), second.result()]
+    row = Reservation.objects.get(order_ref="twin")
+    assert answers == [row.pk, row.pk], "the twins were told different things"
+    book = audit("TEA", 1)
+    assert (book.oversold, book.lost, book.stock) == (0, 0, 0), book.summary()
 
 
 # -- a database outage: killed connections --------------------------------------------------
