@@ -25,7 +25,7 @@ from django.core.management import CommandError, call_command
 from stock_locks.models import Reservation
 from stock_locks.stock import get_strategy
 from stock_locks.stock.ledger import commit_in_db
-from tests.inventory.models import Item
+from tests.inventory.models import Item, PricedItem
 from tests.support.processes import child_environment
 from tests.support.redis_stats import data_keys
 from tests.support.stress_runs import (
@@ -421,7 +421,7 @@ def test_oversell_stress_fails_when_every_attempt_errored():
     assert_left_nothing()
 
 
-# -- oversell_stress and the user's own data: Item's required title, a customer mid-purchase
+# -- oversell_stress and the user's own data: required fields, a customer mid-purchase
 
 
 def inventory_state() -> tuple:
@@ -438,20 +438,49 @@ def a_customer_is_mid_purchase() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_oversell_stress_without_a_required_field_says_so_and_writes_nothing(redis_client):
+def test_oversell_stress_without_a_required_field_says_so_and_writes_nothing(
+    redis_client, settings
+):
     a_customer_is_mid_purchase()
     database_before, redis_before = inventory_state(), redis_state(redis_client)
     keys_before = data_keys(redis_client)
+    # A stock model whose required price the run cannot make up (its title it can).
+    settings.STOCK_LOCKS = {**settings.STOCK_LOCKS, "STOCK_MODEL": "inventory.PricedItem"}
 
     with pytest.raises(CommandError) as caught:
         run("oversell_stress", "--strategy", "all", "--buyers", "10", "--processes", "2")
 
     message = str(caught.value)
-    assert "inventory.Item" in message and "title (CharField)" in message
-    assert "--field title=" in message and "--sku" in message
+    assert "inventory.PricedItem" in message and "price (DecimalField)" in message
+    assert "--field price=" in message and "--sku" in message
+    assert "title" not in message  # a required text field gets the row's SKU
     assert "Nothing was written" in message
+    assert not PricedItem.objects.exists()
     assert inventory_state() == database_before
     assert redis_state(redis_client) == redis_before and data_keys(redis_client) == keys_before
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("fields", "title"),
+    [((), "{sku}"), (("--field", "title=Stress {sku}"), "Stress {sku}")],
+    ids=["sku-by-default", "field-wins"],
+)
+def test_oversell_stress_fills_a_required_text_field_with_the_sku(before_cleanup, fields, title):
+    titles: dict[str, str] = {}
+    before_cleanup.then(
+        lambda strategy, refs, skus: titles.update(
+            Item.objects.filter(code__in=skus).values_list("code", "title")
+        )
+    )
+    (result,) = stress(
+        "--strategy", "db_conditional", "--stock", "2", "--buyers", "4", "--processes", "2",
+        fields=fields,
+    )  # fmt: skip
+    assert (result["sold"], result["errors"], result["oversold"]) == (2, 0, 0)
+    (sku,) = result["skus"]
+    assert titles == {sku: title.format(sku=sku)}
+    assert_left_nothing()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -20,7 +20,7 @@ from django.db import DatabaseError, IntegrityError, connections, router, transa
 from .. import metrics, scripts
 from ..backends.redis.client import get_redis
 from ..backends.redis.errors import REDIS_OR_OS_ERRORS
-from ..exceptions import CapExceeded, OutOfStock, RedisUnavailable
+from ..exceptions import CapExceeded, OutOfStock, RedisUnavailable, StaleFencingToken
 from ..keys import StockKeys
 from ..models import Reservation
 from . import expiry
@@ -160,9 +160,11 @@ class StockStrategy(ABC):
     ) -> Reservation:
         """The database reservation every DB-side strategy makes: ``take()`` the
         units and insert the row in one transaction, unless the order ref already
-        has one (then that one, nothing moved; a racing duplicate is caught by
-        the unique order ref and rolled back). ``checked``: the caller already
-        looked for a repeat."""
+        has one (then that one, nothing moved). A duplicate request racing this one
+        (the same order ref in flight at once) is answered with the row it wrote:
+        caught by the unique order ref, or by a refused ``take()`` when its row took
+        the last units meanwhile. ``checked``: the caller already looked for a
+        repeat."""
         repeat = None if checked else repeat_of(order_ref, lines)
         if repeat is not None:
             return repeat
@@ -175,6 +177,13 @@ class StockStrategy(ABC):
                 )
         except IntegrityError:
             return existing_reservation(order_ref, lines)
+        except (OutOfStock, CapExceeded, StaleFencingToken):
+            # Waiting on the stock row (or the SKU lock), a twin may have taken the units
+            # (or the customer's allowance) and committed its row: both answer that row,
+            # not "order" and "sold out".
+            if (row := repeat_of(order_ref, lines)) is not None:
+                return row
+            raise
         self.follow_in_redis(lines, -1)
         return reservation
 

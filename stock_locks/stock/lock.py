@@ -7,9 +7,11 @@ Under the locks each line is one guarded, fenced statement:
 
 Relative and guarded, it cannot oversell even beside writers that take no
 lock (other strategies, releases, an admin restock); fenced, a holder paused
-past its lease is refused (``StaleFencingToken``) whether it writes before
-or after the newer holder. Releases put units back with a relative write and
-need no lock. The stock model needs a ``fence`` column
+past its lease is refused (``StaleFencingToken``) once the newer holder has
+written. One that writes first overwrites nothing (its write is relative): its
+sale stands and the newer holder sells only what is left (``OutOfStock`` for
+the last unit). Releases put units back with a relative write and need no
+lock. The stock model needs a ``fence`` column
 (:class:`stock_locks.fencing.FencedModel`).
 """
 

@@ -78,9 +78,9 @@ class StockTable:
 
         With ``fences`` (SKU -> fencing token of the lock held on it), each
         statement also requires the row's stored fence not to be newer and
-        stores the token: a lock holder paused past its lease is refused
-        whether it writes before or after the newer holder, and neither can
-        take units that are not there.
+        stores the token: a lock holder paused past its lease is refused once
+        the newer holder has written; writing first, it overwrites nothing (the
+        write is relative), and neither can take units that are not there.
 
         Raises :class:`OutOfStock` (or :class:`InvalidQuantity` for an unknown
         SKU, :class:`StaleFencingToken`) at the first line that cannot be

@@ -1,10 +1,12 @@
 """The ``watch`` strategy: optimistic WATCH/MULTI/EXEC on the cart's counters.
 
-Read the counters under WATCH, check every line, then MULTI the decrements and
-the reservation record; EXEC fails when any watched key changed meanwhile, and
-the attempt is retried after a jittered exponential backoff, at most
-``WATCH_ATTEMPTS`` times, then :class:`ContentionError`. Under a hot SKU most
-attempts conflict: the retries are counted on the reservation, not hidden.
+Read the counters, then the order's record (a duplicate request's, in flight at
+once: nothing moves, the database decides), under WATCH; check every line, then
+MULTI the decrements and the reservation record; EXEC fails when any watched
+key changed meanwhile, and the attempt is retried after a jittered exponential
+backoff, at most ``WATCH_ATTEMPTS`` times, then :class:`ContentionError`. Under
+a hot SKU most attempts conflict: the retries are counted on the reservation,
+not hidden.
 
 A connection lost during EXEC (its reply lost) surfaces from redis-py as a
 WatchError too: the retry then finds this order's record and goes on.
@@ -69,10 +71,13 @@ class WatchStrategy(RedisStockStrategy):
             while conflicts < attempts:
                 try:
                     pipe.watch(k.loaded, record, *counters, *usage)
-                    if pipe.exists(record):
-                        return False, now_ms, conflicts
                     lost = not pipe.exists(k.loaded)
                     values: list[Any] = pipe.mget(counters)
+                    # The record after the counters: a duplicate request's EXEC that
+                    # made them short shows here (read first, it could land in between,
+                    # and this request answered "out of stock" while its twin's stood).
+                    if pipe.exists(record):
+                        return False, now_ms, conflicts
                     missing = [sku for sku, v in zip(lines, values, strict=True) if v is None]
                     if lost or missing:
                         pipe.unwatch()

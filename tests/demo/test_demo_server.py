@@ -1,26 +1,21 @@
 """What ``make demo`` serves and draws: the shop on gunicorn (several workers, the
-admin's static files included) and the flash sale's plot."""
+admin's static files included, connections kept alive as in production) and the
+flash sale's plot."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-import urllib.error
-import urllib.request
-from pathlib import Path
+import http.client
+import json
+import runpy
+import time
 
 import pytest
 
+from demo_shop.shop.models import Product
 from demo_shop.shop.plot import flash_sale_png
 from stock_locks.stock.stress import StressResult
-from tests.support.processes import child_environment
-from tests.support.redis_servers import free_port
-from tests.support.waiting import TIMEOUT, wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.demo_server import get, gunicorn_demo
+from tests.support.waiting import TIMEOUT
 
 
 def test_the_plot_is_a_png_of_every_strategy(tmp_path):
@@ -48,41 +43,59 @@ def test_the_plot_is_a_png_of_every_strategy(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT) as reply:
-            return reply.status, reply.read()
-    except urllib.error.HTTPError as reply:
-        return reply.code, reply.read()
-
-
 @pytest.mark.django_db(transaction=True)
 def test_gunicorn_serves_the_shop_and_the_admins_static_files():
     pytest.importorskip("gunicorn")
-    port = free_port()
-    log = Path(tempfile.mkdtemp(prefix="sl-demo-")) / "gunicorn.log"
-    env = {**os.environ, **child_environment(), "PYTHONPATH": str(ROOT)}  # the test's db
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "demo_shop.wsgi:application", "--workers", "2",
-             "--threads", "2", "--bind", f"127.0.0.1:{port}"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-
-        def up() -> bool:
-            assert server.poll() is None, log.read_text()
-            try:
-                return _get(f"{base}/api/products/")[0] == 200
-            except OSError:
-                return False
-
-        wait_until(up, what="gunicorn to serve the shop")
-        assert log.read_text().count("Booting worker") == 2
-        status, css = _get(f"{base}/static/admin/css/base.css")
+    with gunicorn_demo(workers=2, threads=2) as shop:
+        assert shop.log.read_text().count("Booting worker") == 2
+        status, css = get(f"{shop.url}/static/admin/css/base.css")
         assert status == 200 and b"body" in css
-        assert _get(f"{base}/admin/login/")[0] == 200
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=TIMEOUT)
+        assert get(f"{shop.url}/admin/login/")[0] == 200
+
+
+IDLE = 3  # seconds a pooled connection sits idle: longer than gunicorn's 2 s default
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pooled_connection_idle_past_gunicorns_default_keep_alive_carries_the_next_post():
+    """A client pool's connection (requests.Session, a load balancer's upstream) idle
+    for a while is still open: the POST sent on it is answered on that connection.
+    With gunicorn's 2 s default the server had closed it; the POST then failed
+    (RemoteDisconnected, or a reset as the close crossed the request). The wait is
+    the behaviour under test (idleness), not a synchronisation."""
+    pytest.importorskip("gunicorn")
+    Product.objects.create(sku="KETTLE", name="Kettle", stock=3)
+    with gunicorn_demo(workers=1, threads=2) as shop:
+        pooled = http.client.HTTPConnection("127.0.0.1", shop.port, timeout=TIMEOUT)
+        try:
+            pooled.request("GET", "/api/products/")
+            reply = pooled.getresponse()
+            assert reply.status == 200 and reply.getheader("Connection") != "close"
+            reply.read()
+            local_port = pooled.sock.getsockname()[1]
+            time.sleep(IDLE)  # idle, as a pooled connection between two customers' requests
+            body = json.dumps({"items": [{"sku": "KETTLE", "qty": 1}]})
+            pooled.request("POST", "/api/orders/", body, {"Content-Type": "application/json"})
+            reply = pooled.getresponse()
+            assert reply.status == 201, reply.read()
+            reply.read()
+            assert pooled.sock.getsockname()[1] == local_port, "a new connection was opened"
+        finally:
+            pooled.close()
+    assert Product.objects.get(sku="KETTLE").stock == 2
+
+
+def test_the_demo_runs_gunicorn_with_a_production_keep_alive():
+    """What ``manage.py demo`` passes (``-c``), read by gunicorn's own config loader."""
+    pytest.importorskip("gunicorn")
+    from gunicorn.config import Config
+
+    from demo_shop.shop.management.commands.demo import GUNICORN_CONF
+
+    config = Config()
+    namespace = runpy.run_path(GUNICORN_CONF)
+    for name, value in namespace.items():
+        if name in config.settings:
+            config.set(name, value)
+    assert config.keepalive == 75  # seconds: longer than a balancer's 60 s idle timeout
+    assert config.worker_class_str == "gthread"  # keep-alive applies (sync ignores it)

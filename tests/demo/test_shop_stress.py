@@ -18,7 +18,7 @@ from stock_locks.models import Reservation
 from stock_locks.stock.stress import stress_cleanup
 from tests.support.stress_runs import assert_left_nothing, redis_state, stress, watching_cleanup
 
-NAME = ("--field", "name=Stress {sku}")  # Product.name is required and has no default
+NAME = ("--field", "name=Stress {sku}")  # Product.name is required (the SKU by default)
 
 
 @pytest.fixture
@@ -97,3 +97,28 @@ def test_oversell_stress_over_http_says_how_to_let_the_shop_take_a_strategy(
     assert "errors" not in message  # not thousands of errors counted
     assert_left_nothing()
     assert redis_state(redis_client) == redis_before
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("fields", "name"),
+    [((), "{sku}"), (NAME, "Stress {sku}")],
+    ids=["sku-by-default", "field-wins"],
+)
+def test_oversell_stress_names_the_shops_products_after_their_sku(before_cleanup, fields, name):
+    """``Product.name`` is required text without a default: a run with no ``--field``
+    fills it with the SKU (it once refused to run without ``--field name={sku}``)."""
+    names: dict[str, str] = {}
+    before_cleanup.then(
+        lambda strategy, refs, skus: names.update(
+            Product.objects.filter(sku__in=skus).values_list("sku", "name")
+        )
+    )
+    (result,) = stress(
+        "--strategy", "lua", "--stock", "3", "--buyers", "6", "--processes", "2", fields=fields
+    )  # fmt: skip
+    assert (result["sold"], result["refused"], result["errors"]) == (3, 3, 0)
+    assert (result["oversold"], result["drift"]) == (0, 0)
+    (sku,) = result["skus"]
+    assert names == {sku: name.format(sku=sku)}
+    assert_left_nothing()

@@ -4,7 +4,10 @@ Holder A (a process) has its SKU lock and has done everything before its
 stock write (lock grant, any fenced claim, its read); there it stops itself
 (SIGSTOP). Its lease then ends by writing state, no sleeping: the lock key is
 PEXPIREd, or Redis is killed and restarted empty. Holder B takes the lock.
-Whichever of A and B writes first, one unit of one is sold once.
+Whichever of A and B writes first, one unit of one is sold once: B first, A's
+fenced write is refused (``StaleFencingToken``); A first, its sale stands (the
+write is relative, nothing is overwritten) and B finds the unit gone
+(``OutOfStock``).
 
 The same for the public read-modify-write API: ``claim`` then
 ``fenced_update`` under a :class:`~stock_locks.Lock`.
@@ -109,8 +112,9 @@ def test_paused_lock_holder_resuming_after_a_newer_holder_sold_the_last_unit_is_
 
 @pytest.mark.parametrize("lease_ends", LEASE_ENDS)
 def test_paused_lock_holder_writing_before_the_newer_holder_sells_once(redis, lease_ends):
-    """The interleaving of the issue: A read 1 and stopped; B takes the lock and
-    reads 1; A resumes and writes first; then B writes. Today: 2 sold of 1."""
+    """The interleaving of issue 8: A read 1 and stopped; B takes the lock and
+    reads 1; A resumes and writes first; then B writes. 1 sold of 1: A's sale stands,
+    B is refused (before the guarded, fenced statement: 2 sold of 1)."""
     Item.objects.create(code=SKU, title="Last", on_hand=1)
     a, _ = paused_holder("a")
     end_leases(redis, lease_ends)
@@ -123,6 +127,8 @@ def test_paused_lock_holder_writing_before_the_newer_holder_sells_once(redis, le
     assert len(sold_to()) == 1, outcomes
     book = audit(SKU, initial=1)
     assert (book.oversold, book.held, book.stock) == (0, 1, 0), book.summary()
+    if state == "paused":  # B stopped at its write: A, the older holder, wrote first
+        assert (outcomes["a"], outcomes["b"]) == ("reserved", "OutOfStock"), outcomes
 
 
 # -- the public API: claim, read, fenced_update ------------------------------------------

@@ -10,7 +10,7 @@ from django.db import models
 from stock_locks.fencing import FencedModel
 from tests.inventory import INVENTORY
 
-__all__ = ["INVENTORY", "Item", "NumberedItem", "PlainItem"]
+__all__ = ["INVENTORY", "Item", "NumberedItem", "PlainItem", "PricedItem"]
 
 
 class Item(FencedModel):
@@ -43,6 +43,19 @@ class PlainItem(models.Model):
 
     code = models.CharField(max_length=40, unique=True)
     on_hand = models.IntegerField()
+
+    def __str__(self) -> str:
+        return self.code
+
+
+class PricedItem(FencedModel):
+    """A required field that is not text (a price): the stress run cannot make it up, so
+    ``oversell_stress`` needs ``--field price=...`` (the title it fills with the SKU)."""
+
+    code = models.CharField(max_length=40, unique=True)
+    on_hand = models.IntegerField()
+    title = models.CharField(max_length=100)  # required text
+    price = models.DecimalField(max_digits=8, decimal_places=2)  # required, no default
 
     def __str__(self) -> str:
         return self.code

@@ -3,9 +3,12 @@
 What it needs, checked before anything is written (a clear error otherwise,
 nothing written): the stock model and the strategies configured and usable,
 Redis reachable, and stock to sell. By default each strategy gets stock rows
-of its own, created through the stock model: every field the model requires
-without a default (other than the SKU, quantity and ``fence`` fields) needs
-``--field NAME=VALUE`` (``{sku}`` in a value becomes the row's SKU). Or
+of its own, created through the stock model: a text field the model requires
+without a default (``CharField`` or ``TextField`` without choices, such as a
+name) gets the row's SKU; any other required field without a default (other
+than the SKU, quantity and ``fence`` fields) needs ``--field NAME=VALUE``
+(``{sku}`` in a value becomes the row's SKU), which a text field may have
+too, instead of the SKU. Or
 ``--sku CODE`` (repeated) stresses SKUs that already exist with their
 current stock, which is given back afterwards. Over HTTP (``--via http``) the
 shop must use the same database and Redis, and accept ``"strategy"`` in the
@@ -45,11 +48,12 @@ class Command(BaseCommand):
         "Fire many concurrent buyers at the same stock with each strategy and report sold, "
         "refused, oversold (must be 0), final stock, drift, throughput and latency. Exits 1 "
         "when anything oversold, drifted or an attempt failed with an error. Each strategy "
-        "sells stock rows it creates (the stock model's required fields without a default "
-        "need --field NAME=VALUE) or, with --sku, SKUs that exist (their stock is given "
-        "back). Afterwards, even after an error or Ctrl-C, everything the run made is "
-        "removed: reservations, created rows, their Redis records and counters. What is "
-        "missing is reported before anything is written."
+        "sells stock rows it creates (a required text field without a default gets the "
+        "row's SKU; other required fields without a default need --field NAME=VALUE) or, "
+        "with --sku, SKUs that exist (their stock is given back). Afterwards, even after "
+        "an error or Ctrl-C, everything the run made is removed: reservations, created "
+        "rows, their Redis records and counters. What is missing is reported before "
+        "anything is written."
     )
 
     def add_arguments(self, parser):
@@ -74,8 +78,10 @@ class Command(BaseCommand):
             action="append",
             default=[],
             metavar="NAME=VALUE",
-            help="a value for a required field of the stock rows the run creates (repeat it "
-            "per field); '{sku}' in VALUE becomes the row's SKU (a unique field needs it)",
+            help="a value for a field of the stock rows the run creates (repeat it per "
+            "field): needed for a required field without a default, but for text fields, "
+            "which get the row's SKU unless given here; '{sku}' in VALUE becomes the row's "
+            "SKU (a unique field needs it)",
         )
         parser.add_argument(
             "--sku",

@@ -6,9 +6,12 @@ What it sells
     never rows of yours), each with ``stock`` units. They are created through
     the project's stock model, so each field the model requires without a
     default, other than the SKU, quantity and ``fence`` fields, needs a value:
-    ``fields`` (``--field NAME=VALUE``; ``{sku}`` in a value becomes the row's
-    SKU, which a unique field needs). Or it sells SKUs that already exist
-    (``existing``, ``--sku``), with the stock they have, and gives it back
+    a text one (``CharField`` or ``TextField`` without choices, such as a
+    product's name) gets the row's SKU; any other needs ``fields`` (``--field
+    NAME=VALUE``; ``{sku}`` in a value becomes the row's SKU, which a unique
+    field needs), which may also give a text field another value. Or it sells
+    SKUs that already exist (``existing``, ``--sku``), with the stock they
+    have, and gives it back
     afterwards: run that where nothing else sells them meanwhile (a staging
     copy), since their units are sold out to the buyers during the run.
     :func:`check` finds what is missing before anything is written and

@@ -211,10 +211,10 @@ def option_problems(config: StressConfig) -> list[str]:
     return problems
 
 
-def required_fields(stock: StockTable) -> list[models.Field]:
-    """Fields of the stock model a new row needs a value for that the run cannot make up:
-    no default (Python or database), not null, not automatic, not a blank-able text,
-    and not the SKU, quantity or fence field."""
+def needed_fields(stock: StockTable) -> list[models.Field]:
+    """Fields of the stock model a new row needs a value for: no default (Python or
+    database), not null, not automatic, not a blank-able text, and not the SKU,
+    quantity or fence field."""
     own = {stock.sku, stock.qty, "fence"}
     needed = []
     for f in stock.model._meta.concrete_fields:
@@ -233,6 +233,17 @@ def required_fields(stock: StockTable) -> list[models.Field]:
             continue
         needed.append(f)
     return needed
+
+
+def filled_with_the_sku(f: models.Field) -> bool:
+    """A needed field the run fills with the row's SKU unless ``--field`` gives it: free
+    text (a CharField or TextField without choices), such as a product's name."""
+    return isinstance(f, models.CharField | models.TextField) and not f.choices
+
+
+def required_fields(stock: StockTable) -> list[models.Field]:
+    """Needed fields the run cannot make up (not free text): they need ``--field``."""
+    return [f for f in needed_fields(stock) if not filled_with_the_sku(f)]
 
 
 def new_rows(stock: StockTable, config: StressConfig, strategy: str, token: str) -> list:
@@ -256,12 +267,14 @@ def new_rows(stock: StockTable, config: StressConfig, strategy: str, token: str)
         raise StressRefused(f"--field {', '.join(own)}: the run sets that field itself")
     given = {by_name[name].name for name in config.fields}
     missing = [f for f in required_fields(stock) if f.name not in given]
+    texts = [f for f in needed_fields(stock) if filled_with_the_sku(f) and f.name not in given]
     if missing:
         names = ", ".join(f"{f.name} ({type(f).__name__})" for f in missing)
         example = " ".join(f"--field {f.name}=..." for f in missing)
         raise StressRefused(
             f"the stress run creates its own {label} rows, and {label} requires fields it "
-            f"cannot fill in: {names}. Give values for them ({example}; '{{sku}}' in a value "
+            f"cannot fill in: {names} (a required text field gets the row's SKU). Give "
+            f"values for them ({example}; '{{sku}}' in a value "
             "becomes the row's SKU, which a unique field needs), or stress SKUs that already "
             "exist with --sku CODE (their stock is sold, then given back)"
         )
@@ -271,6 +284,8 @@ def new_rows(stock: StockTable, config: StressConfig, strategy: str, token: str)
         values: dict[str, Any] = {stock.sku: sku, stock.qty: config.stock}
         if "fence" in by_name:
             values["fence"] = 0
+        for f in texts:
+            values[f.attname] = sku
         for name, text in config.fields.items():
             f = by_name[name]
             values[f.attname] = text.replace("{sku}", sku)
@@ -281,8 +296,13 @@ def new_rows(stock: StockTable, config: StressConfig, strategy: str, token: str)
             details = "; ".join(
                 f"{name}: {' '.join(messages)}" for name, messages in exc.message_dict.items()
             )
+            filled = "".join(
+                f" ({f.name}: the row's SKU, by default)"
+                for f in texts
+                if f.name in exc.message_dict
+            )
             raise StressRefused(
-                f"the stress row {sku!r} would not be a valid {label}: {details} "
+                f"the stress row {sku!r} would not be a valid {label}: {details}{filled} "
                 "(give or fix values with --field)"
             ) from None
         rows.append(row)

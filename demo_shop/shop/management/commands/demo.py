@@ -2,7 +2,8 @@
 
 The shop is served by gunicorn (``--workers``, default 2 per CPU, each with
 threads), not ``runserver``: a single development server would be the
-bottleneck and every strategy would come out at its speed.
+bottleneck and every strategy would come out at its speed. Its other settings
+(keep-alive, timeouts) are demo_shop/gunicorn.conf.py's.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+import demo_shop
 from demo_shop.shop.models import Order, Product
 from demo_shop.shop.plot import flash_sale_png
 from demo_shop.shop.services import pay_order, place_order
@@ -28,6 +31,8 @@ from stock_locks.management.commands.oversell_stress import Command as OversellS
 
 from .seed_shop import DEMO_PASSWORD, DEMO_USER
 
+# gunicorn's settings (keep-alive, timeouts) as a production deployment has them.
+GUNICORN_CONF = str(Path(demo_shop.__file__).with_name("gunicorn.conf.py"))
 STARTUP_TIMEOUT = 30  # seconds for the server (or an expiry) to happen
 SCENE_TTL = 4  # seconds an unpaid order lives in the expiry scene
 
@@ -65,9 +70,8 @@ class Command(BaseCommand):
         # The flash sale compares strategies over HTTP: only this demo server lets
         # the order body pick one (SHOP_STRATEGY_FROM_REQUEST, off by default).
         server = _start(
-            [sys.executable, "-m", "gunicorn", "demo_shop.wsgi:application",
-             "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--threads", str(threads),
-             "--timeout", "120", "--graceful-timeout", "5"],
+            [sys.executable, "-m", "gunicorn", "demo_shop.wsgi:application", "-c", GUNICORN_CONF,
+             "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--threads", str(threads)],
             SHOP_STRATEGY_FROM_REQUEST="1",
         )  # fmt: skip
         celery = _start(
