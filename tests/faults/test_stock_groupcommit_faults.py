@@ -15,9 +15,9 @@ from stock_locks.models import Reservation
 from stock_locks.stock import get_strategy
 from stock_locks.stock.groupcommit import Confirmation
 from tests.inventory.models import Item
-from tests.support.fault_processes import Child, waiting_on_a_lock
+from tests.support.fault_processes import Child, marker, waiting_on_a_lock
 from tests.support.stock_audit import audit, sweep_until_quiet
-from tests.support.waiting import wait_until
+from tests.support.waiting import TIMEOUT, wait_until
 from tests.test_stock_groupcommit import BUYERS, buy, queued, row_locked
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_child_left")]
@@ -25,14 +25,27 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 WAIT = 2.0  # GROUP_COMMIT_WAIT of the buyers, seconds
 
 
+def buy_when_told(ref: str, cart: dict[str, int], wait: float, ready, go):  # in a child
+    """``buy``, once every buyer is set up: a process spawned on a loaded machine can
+    take longer than WAIT to start, and the first queued would stop waiting before
+    the last arrived."""
+    ready.set()
+    assert go.wait(TIMEOUT), "not told to buy"
+    return buy(ref, cart, wait)
+
+
 @pytest.mark.parametrize("its_session", ["finishes", "is cut"])
 def test_the_leader_of_a_batch_dies_while_the_database_writes_it(its_session):
     Item.objects.create(code="HOT", title="hot", on_hand=10)
     with row_locked("HOT") as locked:
+        go, ready = marker(), [marker() for _ in range(BUYERS)]
         children = {
-            f"gc-{i}": Child(buy, f"gc-{i}", {"HOT": 1}, WAIT, env={"PGAPPNAME": f"gc-{i}"})
+            f"gc-{i}": Child(buy_when_told, f"gc-{i}", {"HOT": 1}, WAIT, ready[i], go,
+                             env={"PGAPPNAME": f"gc-{i}"})
             for i in range(BUYERS)
-        }
+        }  # fmt: skip
+        wait_until(lambda: all(event.is_set() for event in ready), what="buyers set up")
+        go.set()
         wait_until(lambda: queued() == BUYERS - 1, what="every buyer but one queued")
         entries = get_redis().lrange(StockKeys().confirm_queue, 0, -1)
         leader, blocked, *_ = [Confirmation.decode(entry).order_ref for entry in entries]
