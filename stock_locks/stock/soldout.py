@@ -30,7 +30,11 @@ The one answer that differs from Redis's: a repeated reserve of an order ref
 that already holds units (Redis answers "already reserved") gets OutOfStock
 when its SKU is remembered sold out. Look an order up by its ref before
 reserving it again (as the demo shop does with its Idempotency-Key), or set
-``SOLD_OUT_TTL`` to 0. Disabled on a Redis Cluster client.
+``SOLD_OUT_TTL`` to 0. A lookup does not see a duplicate request still in
+flight (one key sent twice at once): the copy that lands in a process that
+remembers the SKU sold out is refused while the other gets the order
+(tests/faults/test_stock_duplicates.py, an expected failure). Disabled on a
+Redis Cluster client.
 """
 
 from __future__ import annotations

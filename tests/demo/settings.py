@@ -6,6 +6,8 @@ switches to ``DEMO`` per test (tests/demo/conftest.py); processes a demo test
 spawns start with this module (``DJANGO_SETTINGS_MODULE``) and get the same.
 """
 
+import os
+
 from demo_shop import settings as demo
 from tests.settings import *  # noqa: F403
 from tests.settings import STOCK_LOCKS
@@ -22,5 +24,9 @@ DEMO = {
     "SHOP_SKU_STRATEGIES": demo.SHOP_SKU_STRATEGIES,
     "SHOP_STRATEGY_FROM_REQUEST": demo.SHOP_STRATEGY_FROM_REQUEST,
 }
+
+# A process a test spawns may be given the lua strategy's sold-out cache TTL (0: off).
+if os.environ.get("STOCK_LOCKS_SOLD_OUT_TTL"):
+    DEMO["STOCK_LOCKS"]["SOLD_OUT_TTL"] = float(os.environ["STOCK_LOCKS_SOLD_OUT_TTL"])
 
 globals().update(DEMO)
