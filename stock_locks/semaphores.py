@@ -119,7 +119,9 @@ class Semaphore(LeaseGuard, SemaphoreCore):
         :class:`~stock_locks.exceptions.BackendUnavailable` when the backend
         cannot be reached.
         """
-        return self._run(self._acquire_steps(blocking, timeout))
+        granted = self._run(self._acquire_steps(blocking, timeout))
+        self._note_use()  # after: a refused argument makes no round trip at all
+        return granted
 
     def release(self) -> None:
         """Give the permit back, waking the waiters it lets in.
