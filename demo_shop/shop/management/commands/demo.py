@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -143,10 +144,15 @@ class Command(BaseCommand):
             "drains the delay queue):"
         )
         orders = []
+        run = secrets.token_hex(3)  # this run's customers: the paid kettles of a past run stay
+
+        def customer(buyer: int) -> str:
+            return f"demo-{run}-buyer-{buyer}"
+
         for buyer in range(1, 7):
             try:
                 order, _ = place_order(
-                    {"KETTLE": 1}, "lua", ttl=SCENE_TTL, customer=f"buyer-{buyer}"
+                    {"KETTLE": 1}, "lua", ttl=SCENE_TTL, customer=customer(buyer)
                 )
                 orders.append(order)
                 say(f"  buyer {buyer}: order {order.pk} reserved")
@@ -155,11 +161,6 @@ class Command(BaseCommand):
         for order in orders[:3]:
             pay_order(order)
         say(f"  buyers 1-3 pay; buyers 4-5 walk away. KETTLE in stock: {_kettles()}")
-        try:
-            place_order({"KETTLE": 1}, "lua", customer="buyer-1")
-            raise CommandError("buyer 1 bought a second KETTLE past its cap")
-        except CapExceeded as exc:
-            say(f"  buyer 1 tries a second one: refused, {exc}")
         unpaid = [order.pk for order in orders[3:]]
         deadline = time.monotonic() + SCENE_TTL + STARTUP_TIMEOUT
         while Order.objects.filter(pk__in=unpaid, status=Order.Status.EXPIRED).count() < len(
@@ -169,7 +170,12 @@ class Command(BaseCommand):
                 raise CommandError("the unpaid orders did not expire: is the Celery worker up?")
             time.sleep(0.2)
         say(f"  orders {unpaid} expired; KETTLE in stock again: {_kettles()}")
-        order, _ = place_order({"KETTLE": 1}, "lua", customer="buyer-6")
+        try:
+            place_order({"KETTLE": 1}, "lua", customer=customer(1))
+            raise CommandError("buyer 1 bought a second KETTLE past its cap")
+        except CapExceeded as exc:
+            say(f"  buyer 1, who paid for one, tries a second: refused, {exc}")
+        order, _ = place_order({"KETTLE": 1}, "lua", customer=customer(6))
         say(f"  buyer 6 tries again: order {order.pk} reserved from the returned stock")
 
 
