@@ -42,7 +42,10 @@ RESULT_KEYS = {
     "skus",
 }
 # (and the metrics timeline: what the run did is recorded, by design, not data of a run)
-KEPT = ("sl:lock:", "sl:locks", "sl:stock:{stock}:loaded", "sl:dq:{default}:signal", "sl:metrics:")
+KEPT = (
+    "sl:lock:", "sl:locks", "sl:stock:{stock}:loaded", "sl:dq:{default}:signal", "sl:metrics:",
+    "sl:registry:",
+)  # fmt: skip
 
 
 def run(*args: str) -> tuple[str, str]:
@@ -62,8 +65,9 @@ def stress(*args: str, fields: tuple[str, ...]) -> list[dict]:
 
 
 def redis_state(client) -> dict:
-    """Every key with its value, but the lock keys, the loaded marker and the delay
-    queue's wake-up list (kept by the library, not data of a run)."""
+    """Every key with its value, but the lock keys, the loaded marker, the delay
+    queue's wake-up list, the metrics and the registries of names in use (kept by the
+    library, not data of a run)."""
     state = {}
     for raw in client.scan_iter():
         key = raw.decode()
