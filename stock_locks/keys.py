@@ -179,12 +179,6 @@ def timeline_key() -> str:
     return f"{settings.key_prefix()}:metrics:{{metrics}}:timeline"
 
 
-def registry_key(kind: str) -> str:
-    """Sorted set of the names of ``kind`` ("semaphores", "delay_queues") in use, scored
-    by when last noted (ms, Redis clock): what the dashboard lists, without SCAN."""
-    return f"{settings.key_prefix()}:registry:{{registry}}:{kind}"
-
-
 def heartbeats_key() -> str:
     """Hash ``role|host|pid`` -> when that process was last seen (ms, Redis clock),
     written by the metrics flush beside the timeline (same slot)."""

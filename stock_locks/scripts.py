@@ -73,7 +73,6 @@ FAIR_RELEASE = load("fair_release")
 
 
 METRICS_FLUSH = load("metrics_flush")
-REGISTRY_TOUCH = load("registry_touch")
 
 _BY_SHA = {script.sha: script for script in list(globals().values()) if isinstance(script, Script)}
 

@@ -119,9 +119,7 @@ class Semaphore(LeaseGuard, SemaphoreCore):
         :class:`~stock_locks.exceptions.BackendUnavailable` when the backend
         cannot be reached.
         """
-        granted = self._run(self._acquire_steps(blocking, timeout))
-        self._note_use()  # after: a refused argument makes no round trip at all
-        return granted
+        return self._run(self._acquire_steps(blocking, timeout))
 
     def release(self) -> None:
         """Give the permit back, waking the waiters it lets in.

@@ -459,36 +459,3 @@ def test_the_lock_list_on_a_cluster_shows_hostile_names(redis_factory):
         ("order:42", locks[2].fence), ("{a}b", locks[1].fence), ("}x", locks[0].fence),
     ]  # fmt: skip
     cluster.close()
-
-
-# -- what a refresh costs ------------------------------------------------------------
-
-
-def _wait_on_exports(acquired, release) -> None:  # another OS process
-    with Semaphore("exports-elsewhere", limit=1, ttl=60):
-        acquired.set()
-        release.wait(TIMEOUT)
-
-
-def test_semaphores_and_queues_are_listed_from_the_registries_without_scan(redis_client):
-    from stock_locks.backends.redis.registry import SEMAPHORES
-    from stock_locks.keys import registry_key
-
-    acquired, release = event(), event()
-    holder = start_process(_wait_on_exports, acquired, release)
-    try:
-        assert acquired.wait(TIMEOUT)
-        DelayQueue("mail").schedule("shop.send", {"to": "x"}, delay=60)
-        # A name unused for longer than the retention is not listed.
-        redis_client.zadd(registry_key(SEMAPHORES), {"long-gone": 1})
-        client = client_for(User.objects.create_superuser("root", password="pw"))
-        redis_client.config_resetstat()
-        data = client.get(reverse(JSON)).json()
-        calls = commandstats(redis_client)
-    finally:
-        release.set()
-        holder.join(TIMEOUT)
-    assert [sem["name"] for sem in data["semaphores"]] == ["exports-elsewhere"]
-    assert [h["pid"] for h in data["semaphores"][0]["holders"]] == [str(holder.pid)]
-    assert "mail" in [queue["name"] for queue in data["delay_queues"]]
-    assert "cmdstat_scan" not in calls and "cmdstat_keys" not in calls, calls

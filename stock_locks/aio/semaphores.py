@@ -7,7 +7,6 @@ it (a fair waiter's own wake-up list is one more key of that listener).
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from typing import Any, TypeVar
 
@@ -32,12 +31,6 @@ class Semaphore(AsyncLeaseGuard, SemaphoreCore):
         options.setdefault("caller", caller_of(sys._getframe(1)))
         super().__init__(name, limit, ttl, **options)
         check_asyncio(self)
-
-    async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
-        """As :meth:`stock_locks.Semaphore.acquire`, awaited."""
-        granted = await super().acquire(blocking, timeout)
-        await asyncio.get_running_loop().run_in_executor(None, self._note_use)
-        return granted
 
     async def refresh(self, ttl: float | None = None) -> None:
         """As :meth:`stock_locks.Semaphore.refresh`, awaited."""

@@ -14,9 +14,7 @@ from typing import Any, cast
 
 from .. import _validate, lease, metrics
 from ..backends.base import Attempt, Backend, SemaphoreBackend, SemaphoreSpec, call
-from ..backends.redis import RedisBackend
 from ..backends.redis.protocol import decoded
-from ..backends.redis.registry import SEMAPHORES, note_use
 from ..conf import settings
 from ..exceptions import BackendUnavailable, LockError, LockNotOwned
 from ..holder import caller_of
@@ -103,12 +101,6 @@ class SemaphoreCore(GuardCore):
     def __repr__(self) -> str:
         state = "held" if self._held else "not held"
         return f"<{type(self).__name__} {self.name!r} limit={self.limit} ttl={self.ttl} {state}>"
-
-    def _note_use(self) -> None:
-        """List this semaphore on the dashboard (a Redis backend's registry, written at
-        most once a minute per process; never raises)."""
-        if isinstance(self.backend, RedisBackend):
-            note_use(self.backend.client, SEMAPHORES, self.name)
 
     def _lost(self) -> None:
         self.lost = True

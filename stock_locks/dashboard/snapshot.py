@@ -5,10 +5,8 @@ set of names scored by lease end; ``stock_locks.backends.redis.held``), so listi
 what the held locks are, not what the keyspace is: all names are read in one
 round trip, sorted, and only one page of them is read in detail, in one
 pipelined round trip. Locks on a ZooKeeper backend alias are listed beside them,
-one table per alias (:func:`backend_locks`). Semaphores and delay queues are read
-from the registries of names in use (``stock_locks.backends.redis.registry``), never
-by SCAN or KEYS, so a refresh costs what is in use, not what the keyspace holds.
-Values are JSON-ready (times as
+one table per alias (:func:`backend_locks`). Semaphores and delay queues are found with SCAN (a page
+of ``SCAN_COUNT`` keys per call, never KEYS). Values are JSON-ready (times as
 ISO 8601 strings, durations in seconds).
 """
 
@@ -26,14 +24,13 @@ from ..backends.redis.client import get_redis
 from ..backends.redis.cluster import is_cluster
 from ..backends.redis.errors import translated
 from ..backends.redis.held import held_lock_names
-from ..backends.redis.protocol import parse_record
-from ..backends.redis.registry import DELAY_QUEUES, SEMAPHORES, names_in_use
+from ..backends.redis.protocol import decoded, parse_record
 from ..conf import settings
 from ..core.lock import lock_backend
 from ..delayqueue import DelayQueue
 from ..exceptions import BackendUnavailable
 from ..holder import LockInfo
-from ..keys import lock_keys
+from ..keys import lock_keys, semaphore_scan_pattern, unescape_name
 from ..metrics import CAPPED
 from ..operations import semaphore_state
 from ..stock.caps import configured_caps, top_buyers
@@ -43,6 +40,7 @@ from .charts import dashboard_charts
 from .summary import heartbeats, summary
 from .timeline import Timeline, recent
 
+SCAN_COUNT = 1000  # keys Redis looks at per SCAN call
 PAGE_SIZE = 100  # locks (and semaphores) read in detail per page
 DEAD_LETTERS_SHOWN = 20
 STOCK_ROWS_SHOWN = 200
@@ -54,6 +52,15 @@ def _iso_ms(ms: Any) -> str | None:
     if ms in (None, b"", ""):
         return None
     return dt.datetime.fromtimestamp(int(ms) / 1000, tz=dt.UTC).isoformat()
+
+
+def _scan_names(client: Any, pattern: str, head: str) -> list[str]:
+    names = set()
+    for key in client.scan_iter(match=pattern, count=SCAN_COUNT):
+        key = decoded(key)
+        if key.startswith(head) and key.endswith("}"):
+            names.add(unescape_name(key[len(head) : -1]))
+    return sorted(names)
 
 
 def lock_page(search: str = "", page: int = 1, client: Any = None) -> dict[str, Any]:
@@ -158,8 +165,9 @@ def _lock_row(info: LockInfo) -> dict[str, Any]:
 def semaphores(client: Any = None) -> list[dict[str, Any]]:
     """Every semaphore with live holders: name, limit, holders with remaining lease."""
     client = client or get_redis()
+    head = semaphore_scan_pattern()[:-2]
     rows = []
-    for name in sorted(names_in_use(client, SEMAPHORES, PAGE_SIZE)):
+    for name in _scan_names(client, semaphore_scan_pattern(), head)[:PAGE_SIZE]:
         state = semaphore_state(name, redis=client)
         holders = [
             {
@@ -182,7 +190,11 @@ def _iso_seconds(seconds: float | None) -> str | None:
 def delay_queues(client: Any = None) -> list[dict[str, Any]]:
     """Stats and the oldest dead letters of each configured or discovered queue."""
     client = client or get_redis()
-    names = set(settings.DELAY_QUEUES) | set(names_in_use(client, DELAY_QUEUES, PAGE_SIZE))
+    names = set(settings.DELAY_QUEUES)
+    head = f"{settings.key_prefix()}:dq:{{"
+    for key in client.scan_iter(match=f"{head}*}}:items", count=SCAN_COUNT):
+        key = decoded(key)
+        names.add(unescape_name(key[len(head) : -len("}:items")]))
     rows = []
     for name in sorted(names):
         queue = DelayQueue(name, redis=client)

@@ -20,7 +20,6 @@ from .. import metrics, scripts
 from ..backends.redis.backend import backend_for_client
 from ..backends.redis.client import get_redis
 from ..backends.redis.protocol import decoded, score_pairs
-from ..backends.redis.registry import DELAY_QUEUES, note_use
 from ..backends.redis.requests import Command, Pipeline, Requests, script, scripts_batch
 from ..conf import settings
 from ..exceptions import InvalidSchedule
@@ -148,7 +147,6 @@ class DelayQueue:
             raise InvalidSchedule(f"payload is not JSON-serialisable: {exc}") from None
         keys = (*self._all_keys, self.keys.signal)
         self._run(_script(scripts.DELAY_SCHEDULE, keys, (item_id, body, delay_ms, due_at)))
-        note_use(self.redis, DELAY_QUEUES, self.name)  # (the dashboard lists it; once a minute)
         return item_id
 
     def cancel(self, id: str) -> bool:
