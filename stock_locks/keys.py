@@ -36,7 +36,7 @@ SLOTS = 16384  # Redis Cluster hash slots
 
 class LockKeys(NamedTuple):
     lock: str  # the holder's record: token, fence, count, metadata (expires with the lease)
-    fence: str  # the fencing counter (expires FENCE_RETENTION after the last grant)
+    fence: str  # the fencing counter (expires FENCE_RETENTION after the clock passes it)
     waiters: str  # flag a refused try sets (same lease as the lock); a release deletes it
     signal: str  # wake-up list a release pushes to; waiters BLPOP it
     released: str  # list: the tokens most recently released or given up, newest first
