@@ -115,6 +115,15 @@ def _plots(figures: dict[str, Any], directory: Path) -> list[tuple[str, Path]]:
         axes.set(ylabel="attempts/s", yscale="log")
         axes.tick_params(axis="x", labelrotation=20, labelsize=8)
         save(fig, "Flash sale: 10,000 attempts for 1,000 units, 16 processes", "flash_sale.png")
+    refresh = figures.get("dashboard refresh ms by keys")
+    if refresh:
+        fig, axes = plt.subplots(figsize=(7, 4), layout="constrained")
+        for label, by_size in refresh.items():
+            xs = sorted(by_size)
+            axes.plot(xs, [by_size[x] for x in xs], marker="o", label=label)
+        axes.set(xlabel="unrelated keys in Redis", ylabel="ms per refresh", yscale="log")
+        axes.legend(fontsize=8)
+        save(fig, "Dashboard: one refresh's Redis reads vs the keyspace", "dashboard_refresh.png")
     for key, title, name, unit in (
         ("lock handoff waits (ms)", "Contended lock: wait from acquire() to grant",
          "lock_waits.png", "wait, ms"),

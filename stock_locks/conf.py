@@ -65,12 +65,15 @@ DEFAULTS: dict[str, Any] = {
     # (stock_locks.urls, "metrics") asks for; None (default) disables the endpoint.
     "METRICS": True,
     "METRICS_TOKEN": None,
-    # How long a lock name's fencing counter is kept after its last grant,
-    # seconds (default one day). Safe at any value above the largest backwards
-    # step of the Redis server's clock: every fence is at least that clock in
-    # microseconds, so once the counter has expired (judged by the same clock),
-    # the next grant's fence is already above every fence granted before.
-    "FENCE_RETENTION": 86400,
+    # How long a lock name's fencing counter is kept once the Redis server's
+    # clock has passed its last fence, seconds (and never less than the lease).
+    # Every fence is at least that clock in microseconds, so from then on the
+    # clock alone makes the next fence higher: the counter only covers the clock
+    # stepping back. Safe at any value above the largest backwards step of the
+    # Redis server's clock; a minute is far above an NTP correction or a leap
+    # second. (It was a day after the last grant: ~150 MB of Redis per million
+    # order locks a day, for nothing; benchmarks/dashboard.py measures it.)
+    "FENCE_RETENTION": 60,
     # The project's model that holds stock ("app_label.ModelName"), its SKU
     # field (unique) and its quantity field (units left to sell).
     "STOCK_MODEL": None,

@@ -16,6 +16,11 @@ dashboard reads the held locks without walking the keyspace. On one Redis
 server that is one key, ``<prefix>:locks``; on a Redis Cluster it is one key per
 hash slot, ``<prefix>:locks:{<tag>}``, whose tag is chosen to hash to the
 lock's own slot (:func:`slot_tag`), so a script still touches one slot only.
+
+Semaphores and delay queues in use are listed in a registry per kind
+(:func:`registry_key`, a sorted set: name -> last use in ms on the Redis clock),
+so the dashboard finds them without walking the keyspace either
+(``stock_locks.backends.redis.registry``).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ SLOTS = 16384  # Redis Cluster hash slots
 
 class LockKeys(NamedTuple):
     lock: str  # the holder's record: token, fence, count, metadata (expires with the lease)
-    fence: str  # the fencing counter (expires FENCE_RETENTION after the last grant)
+    fence: str  # the fencing counter (expires FENCE_RETENTION after the clock passes it)
     waiters: str  # flag a refused try sets (same lease as the lock); a release deletes it
     signal: str  # wake-up list a release pushes to; waiters BLPOP it
     released: str  # list: the tokens most recently released or given up, newest first
@@ -253,8 +258,14 @@ def semaphore_keys(name: str) -> SemaphoreKeys:
     )  # fmt: skip
 
 
-def semaphore_scan_pattern() -> str:
-    return f"{settings.key_prefix()}:sem:{{*}}"
+SEMAPHORES = "sem"  # the registry of semaphores (registry_key)
+DELAY_QUEUES = "dq"  # the registry of delay queues
+
+
+def registry_key(kind: str) -> str:
+    """The registry of ``kind`` (:data:`SEMAPHORES`, :data:`DELAY_QUEUES`): a sorted set,
+    name -> when it was last used (ms, Redis clock). One key per kind (its own hash tag)."""
+    return f"{settings.key_prefix()}:registry:{{{kind}}}"
 
 
 class DelayQueueKeys(NamedTuple):

@@ -26,7 +26,7 @@ def _read(filename: str) -> bytes:
 
 
 # A script whose first line is not a shebang gets "#!lua": it declares that it may write
-# (the three that only read say "#!lua flags=no-writes" themselves). Redis (>= 7.0)
+# (those that only read say "#!lua flags=no-writes" themselves). Redis (>= 7.0)
 # then refuses it before it runs on a replica (READONLY: a demoted primary, a stale
 # connection after a failover), on a primary short of min-replicas-to-write
 # (NOREPLICAS) and when out of memory. Without it a script runs until its first write,
@@ -70,6 +70,8 @@ SEM_REFRESH = load("sem_refresh")
 SEM_STATE = load("sem_state")
 FAIR_ACQUIRE = load("fair_acquire")
 FAIR_RELEASE = load("fair_release")
+REGISTRY_TOUCH = load("registry_touch")
+REGISTRY_READ = load("registry_read")
 
 
 METRICS_FLUSH = load("metrics_flush")

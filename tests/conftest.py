@@ -27,6 +27,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
+from stock_locks.backends.redis import registry
 from stock_locks.stock import soldout
 from tests.settings import redis_db, redlock_backend
 from tests.support.redis_servers import RedisServer
@@ -63,6 +64,7 @@ def redis_client(redis_server: RedisServer):
     client = redis_server.client()
     client.flushall()
     soldout.reset()  # FLUSHALL announces nothing: no sold-out SKU of a previous test
+    registry.forget()  # ...and no semaphore or queue this process registered before it
     yield client
     client.close()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import re
 
@@ -12,16 +14,18 @@ from django.templatetags.static import static
 from django.test import Client
 from django.urls import reverse
 
-from stock_locks import DelayQueue, Lock, Semaphore, scripts
+from stock_locks import DelayQueue, Lock, Semaphore, aio, scripts
+from stock_locks.backends.redis import registry
 from stock_locks.backends.redis.protocol import acquire_argv, acquire_keys, holder_argv
+from stock_locks.dashboard import delay_queues, semaphores
 from stock_locks.exceptions import LockNotOwned, StaleFencingToken
 from stock_locks.fencing import fenced_update
-from stock_locks.keys import StockKeys, lock_keys
+from stock_locks.keys import DELAY_QUEUES, SEMAPHORES, StockKeys, lock_keys, registry_key
 from stock_locks.models import AuditEntry
 from tests.inventory.models import Item
 from tests.support import csp
 from tests.support.processes import event, start_process
-from tests.support.redis_stats import commandstats
+from tests.support.redis_stats import commandstats, redis_ms
 from tests.support.served_page import ServedPage
 from tests.support.waiting import TIMEOUT, wait_until
 
@@ -207,6 +211,96 @@ def test_the_lock_list_reads_the_held_locks_not_the_keyspace(redis_client):
     assert stats == {
         "cmdstat_time": 1, "cmdstat_zrange": 1, "cmdstat_get": 4, "cmdstat_pttl": 4,
     }  # fmt: skip
+
+
+def _hold_permit_and_schedule(acquired, release) -> None:
+    DelayQueue("invoices").schedule("tests.send_invoice", {"order": 1}, delay=600)
+    with Semaphore("exports", limit=2, ttl=120):
+        acquired.set()
+        release.wait(TIMEOUT)
+
+
+def test_semaphores_and_queues_of_another_process_are_listed_without_a_scan(redis_client):
+    pipe = redis_client.pipeline(transaction=False)
+    for n in range(30_000):  # unrelated keys, some looking like semaphore and queue keys
+        kind = n % 3
+        pipe.set(f"sl:sem:{{other:{n}}}" if kind == 0 else
+                 f"sl:dq:{{other:{n}}}:items" if kind == 1 else f"app:{n}", 1)  # fmt: skip
+    pipe.execute()
+    acquired, release = event(), event()
+    holder = start_process(_hold_permit_and_schedule, acquired, release)
+    try:
+        assert acquired.wait(TIMEOUT)
+        redis_client.config_resetstat()
+        [row] = semaphores()
+        assert (row["name"], row["limit"], row["waiting"]) == ("exports", 2, 0)
+        assert [h["pid"] for h in row["holders"]] == [str(holder.pid)]
+        queues = {queue["name"]: queue for queue in delay_queues()}
+        assert sorted(queues) == ["default", "invoices"]  # DELAY_QUEUES, and the one used
+        assert queues["invoices"]["scheduled"] == 1
+        stats = commandstats(redis_client)
+        assert "cmdstat_scan" not in stats and "cmdstat_keys" not in stats
+    finally:
+        release.set()
+        holder.join(TIMEOUT)
+    assert semaphores() == []  # used lately, idle now: left out
+
+
+def test_a_name_unused_for_longer_than_the_retention_is_no_longer_listed(redis_client):
+    permit = Semaphore("nightly", limit=1, ttl=60)
+    permit.acquire()
+    queue = DelayQueue("reports")
+    queue.schedule("tests.report", delay=600)
+    assert [row["name"] for row in semaphores()] == ["nightly"]
+    assert [row["name"] for row in delay_queues()] == ["default", "reports"]
+    # Their last use a retention ago (staged on the Redis clock: past scores).
+    long_ago = redis_ms(redis_client) - registry.REGISTRY_RETENTION * 1000 - 1
+    for kind, name in ((SEMAPHORES, "nightly"), (DELAY_QUEUES, "reports")):
+        redis_client.zadd(registry_key(kind), {name: long_ago, f"{name}:gone": long_ago})
+    assert semaphores() == []
+    assert [row["name"] for row in delay_queues()] == ["default"]
+    # Their next use after a period lists them again (staged: this process forgets
+    # when it registered them), and drops what is older than the retention.
+    registry.forget()
+    permit.refresh()
+    queue.schedule("tests.report", delay=600)
+    assert [row["name"] for row in semaphores()] == ["nightly"]
+    assert [row["name"] for row in delay_queues()] == ["default", "reports"]
+    for kind, name in ((SEMAPHORES, "nightly"), (DELAY_QUEUES, "reports")):
+        assert redis_client.zrange(registry_key(kind), 0, -1) == [name.encode()]
+        assert 0 < redis_client.ttl(registry_key(kind)) <= registry.REGISTRY_RETENTION
+
+
+def test_a_process_registers_a_name_once_a_period(redis_client):
+    redis_client.config_resetstat()
+    for _ in range(20):
+        with Semaphore("exports", limit=1, ttl=60):
+            pass
+        DelayQueue("reports").schedule("tests.report", delay=600)
+    # 20 grants, releases and schedules; one registration of each name.
+    assert commandstats(redis_client)["cmdstat_evalsha"] == 60 + 2
+    assert redis_client.zrange(registry_key(SEMAPHORES), 0, -1) == [b"exports"]
+
+
+def test_a_registry_that_cannot_be_written_fails_no_grant_and_no_schedule(redis_client, caplog):
+    for kind in (SEMAPHORES, DELAY_QUEUES):
+        redis_client.set(registry_key(kind), "not a sorted set")  # every ZADD on it fails
+
+    async def acquire_async() -> None:
+        async with aio.Semaphore("aio-exports", limit=1, ttl=60) as permit:
+            assert [h["identifier"] for h in await permit.holders()] == [permit.id]
+
+    with caplog.at_level(logging.DEBUG, logger="stock_locks.registry"):
+        with Semaphore("exports", limit=1, ttl=60) as permit:
+            assert [h["identifier"] for h in permit.holders()] == [permit.id]
+        asyncio.run(acquire_async())
+        queue = DelayQueue("reports")
+        queue.schedule("tests.report", id="r1")
+        assert [item.id for item in queue.claim()] == ["r1"]
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "sem 'exports'", "sem 'aio-exports'", "dq 'reports'",
+    ]  # fmt: skip
+    assert all("WRONGTYPE" in r.getMessage() for r in caplog.records)
 
 
 def test_a_lapsed_or_released_lock_drops_out_of_the_list(redis_client):

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
+from django.conf import settings
 from django.test import override_settings
 
 from stock_locks import Lock
@@ -47,8 +48,9 @@ def test_grant_sets_token_fence_and_holder_metadata_with_one_lease(redis_client)
     assert before <= int(holder["acquired_at"]) <= after  # the Redis clock, in ms
     assert holder["ttl"] == "20000" and holder["watchdog"] == "0"
     assert 15_000 < redis_client.pttl("sl:lock:{order:42}") <= 20_000
-    # The fence counter is kept FENCE_RETENTION (a day) after the last grant.
-    assert 86_000 < redis_client.ttl("sl:lock:{order:42}:fence") <= 86_400
+    # The fence counter is kept FENCE_RETENTION (a minute) after the Redis clock passed
+    # the fence (here the clock itself), and at least the lease.
+    assert 55_000 < redis_client.pttl("sl:lock:{order:42}:fence") <= 60_000
     lock.release()
     assert not redis_client.exists("sl:lock:{order:42}", "sl:lock:{order:42}:waiters")
 
@@ -651,6 +653,36 @@ def test_fences_never_fall_below_the_redis_clock_when_the_counter_is_behind(redi
     redis_client.set("sl:lock:{behind}:fence", after.fence + 10**12)  # ahead of the clock
     with Lock("behind", ttl=5) as ahead:
         assert ahead.fence == after.fence + 10**12 + 1
+    # Kept until the clock has passed it (10**12 us: 10**9 ms ahead), and a minute more.
+    assert 10**9 < redis_client.pttl("sl:lock:{behind}:fence") <= 10**9 + 60_000
+
+
+def test_the_fence_counter_is_kept_a_minute_after_the_clock_passed_it_not_a_day(redis_client):
+    fences = []
+    for _ in range(200):
+        with Lock("order:77", ttl=5) as lock:
+            fences.append(lock.fence)
+    assert fences == sorted(set(fences))
+    # Each grant's fence is the Redis clock: the counter is kept FENCE_RETENTION, a minute.
+    assert 55_000 < redis_client.pttl("sl:lock:{order:77}:fence") <= 60_000
+    # ...and never less than a lease (a record without the fence reads the counter).
+    with Lock("order:77", ttl=300):
+        assert 295_000 < redis_client.pttl("sl:lock:{order:77}:fence") <= 300_000
+
+
+def test_a_grant_after_the_fence_counter_expired_still_gets_a_higher_fence(redis_client):
+    with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "FENCE_RETENTION": 0.05}):
+        with Lock("order:78", ttl=0.1) as first:
+            pass
+        # The counter expires 50 ms after the clock passed the fence, not before the lease.
+        assert 0 < redis_client.pttl("sl:lock:{order:78}:fence") <= 100
+        wait_until(
+            lambda: not redis_client.exists("sl:lock:{order:78}:fence"),
+            what="the fence counter expired",
+        )
+        with Lock("order:78", ttl=0.1) as after:
+            assert after.fence > first.fence  # the Redis clock alone: above every earlier one
+        assert redis_client.get("sl:lock:{order:78}:fence") == str(after.fence).encode()
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ killed, emptied or stalled: tests/faults/test_redlock_faults.py.)"""
 from __future__ import annotations
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 
 from stock_locks import Lock, RedLock, Semaphore
@@ -12,6 +13,7 @@ from stock_locks.backends import get_backend
 from stock_locks.backends.redis.protocol import parse_record, token_of
 from stock_locks.exceptions import LockError
 from stock_locks.keys import lock_keys
+from tests.support.waiting import wait_until
 
 
 def _on_every_master(servers, key: str) -> list:
@@ -47,6 +49,36 @@ def test_fences_rise_with_every_grant_even_when_the_masters_disagreed(redlock):
         assert sum(value >= lock.fence for value in stored) >= 2
     assert fences == sorted(fences) and len(set(fences)) == 3
     assert fences[0] == 4 * 10**15 + 1  # (the ahead counter wins; Lua numbers are exact to 2**53)
+
+
+def test_each_master_keeps_its_fence_counter_until_its_clock_passed_the_fence(redlock):
+    keys = lock_keys("order:5")
+    with RedLock("order:5", ttl=30):
+        pass
+    # The masters proposed their clocks: each keeps the counter FENCE_RETENTION (a minute).
+    assert all(55_000 < server.client().pttl(keys.fence) <= 60_000 for server in redlock)
+    # One master's counter runs 10**12 us (10**9 ms) ahead of the clocks: the grant's
+    # fence is stored on every master, each keeping it until its own clock passes it.
+    seconds, micros = redlock[0].client().time()
+    ahead = seconds * 1_000_000 + micros + 10**12
+    redlock[0].client().set(keys.fence, ahead)
+    with RedLock("order:5", ttl=30) as lock:
+        assert lock.fence == ahead + 1
+    assert _on_every_master(redlock, keys.fence) == [str(ahead + 1).encode()] * 3
+    assert all(10**9 < server.client().pttl(keys.fence) <= 10**9 + 60_000 for server in redlock)
+
+
+def test_a_grant_after_every_fence_counter_expired_still_gets_a_higher_fence(redlock):
+    keys = lock_keys("order:6")
+    with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "FENCE_RETENTION": 0.05}):
+        with RedLock("order:6", ttl=0.2) as first:
+            pass
+        wait_until(
+            lambda: _on_every_master(redlock, keys.fence) == [None] * 3,
+            what="the fence counters expired",
+        )
+        with RedLock("order:6", ttl=0.2) as after:
+            assert after.fence > first.fence  # the masters' clocks: above every earlier fence
 
 
 def test_a_minority_grant_is_given_back_on_every_master(redlock):

@@ -5,9 +5,11 @@ set of names scored by lease end; ``stock_locks.backends.redis.held``), so listi
 what the held locks are, not what the keyspace is: all names are read in one
 round trip, sorted, and only one page of them is read in detail, in one
 pipelined round trip. Locks on a ZooKeeper backend alias are listed beside them,
-one table per alias (:func:`backend_locks`). Semaphores and delay queues are found with SCAN (a page
-of ``SCAN_COUNT`` keys per call, never KEYS). Values are JSON-ready (times as
-ISO 8601 strings, durations in seconds).
+one table per alias (:func:`backend_locks`). Semaphores and delay queues are
+found in their registries (``stock_locks.backends.redis.registry``: the names
+used within a day, most recent first), never by walking the keyspace; one page
+of them is read in detail. Values are JSON-ready (times as ISO 8601 strings,
+durations in seconds).
 """
 
 from __future__ import annotations
@@ -20,19 +22,21 @@ from django.utils import timezone
 
 from ..backends import aliases, backend_config, get_backend
 from ..backends.base import call
+from ..backends.redis import registry
+from ..backends.redis.backend import backend_for_client
 from ..backends.redis.client import get_redis
 from ..backends.redis.cluster import is_cluster
 from ..backends.redis.errors import translated
 from ..backends.redis.held import held_lock_names
-from ..backends.redis.protocol import decoded, parse_record
+from ..backends.redis.protocol import parse_record
 from ..conf import settings
 from ..core.lock import lock_backend
+from ..core.semaphore import snapshot_of
 from ..delayqueue import DelayQueue
 from ..exceptions import BackendUnavailable
 from ..holder import LockInfo
-from ..keys import lock_keys, semaphore_scan_pattern, unescape_name
+from ..keys import DELAY_QUEUES, SEMAPHORES, lock_keys, semaphore_keys
 from ..metrics import CAPPED
-from ..operations import semaphore_state
 from ..stock.caps import configured_caps, top_buyers
 from ..stock.progress import sold_since
 from ..stock.reconcile import stock_report
@@ -40,8 +44,7 @@ from .charts import dashboard_charts
 from .summary import heartbeats, summary
 from .timeline import Timeline, recent
 
-SCAN_COUNT = 1000  # keys Redis looks at per SCAN call
-PAGE_SIZE = 100  # locks (and semaphores) read in detail per page
+PAGE_SIZE = 100  # locks (and semaphores, and delay queues) read in detail per page
 DEAD_LETTERS_SHOWN = 20
 STOCK_ROWS_SHOWN = 200
 CHART_SECONDS = 300  # the charts' and the sold figures' window unless the page asks for another
@@ -52,15 +55,6 @@ def _iso_ms(ms: Any) -> str | None:
     if ms in (None, b"", ""):
         return None
     return dt.datetime.fromtimestamp(int(ms) / 1000, tz=dt.UTC).isoformat()
-
-
-def _scan_names(client: Any, pattern: str, head: str) -> list[str]:
-    names = set()
-    for key in client.scan_iter(match=pattern, count=SCAN_COUNT):
-        key = decoded(key)
-        if key.startswith(head) and key.endswith("}"):
-            names.add(unescape_name(key[len(head) : -1]))
-    return sorted(names)
 
 
 def lock_page(search: str = "", page: int = 1, client: Any = None) -> dict[str, Any]:
@@ -163,22 +157,30 @@ def _lock_row(info: LockInfo) -> dict[str, Any]:
 
 
 def semaphores(client: Any = None) -> list[dict[str, Any]]:
-    """Every semaphore with live holders: name, limit, holders with remaining lease."""
+    """The semaphores with live holders or waiters among the ``PAGE_SIZE`` most recently
+    used (the registry), by name: name, limit, holders with remaining lease, waiting.
+    Two round trips (one per master on a cluster for the second)."""
     client = client or get_redis()
-    head = semaphore_scan_pattern()[:-2]
+    backend = backend_for_client(client)
+    names = sorted(backend.run(registry.recent(SEMAPHORES, PAGE_SIZE)))
+    if not names:
+        return []
+    states = backend.run(backend.semaphore_states([semaphore_keys(name) for name in names]))
     rows = []
-    for name in _scan_names(client, semaphore_scan_pattern(), head)[:PAGE_SIZE]:
-        state = semaphore_state(name, redis=client)
+    for name, state in zip(names, states, strict=True):
+        found = snapshot_of(state)
+        if not found["holders"] and not found["waiting"]:
+            continue  # used lately, idle now
         holders = [
             {
                 **holder,
                 "pid": None if holder.get("pid") is None else str(holder["pid"]),
                 "acquired_at": _iso_seconds(holder.get("acquired_at")),
             }
-            for holder in state["holders"]
+            for holder in found["holders"]
         ]
         rows.append(
-            {"name": name, "limit": state["limit"], "holders": holders, "waiting": state["waiting"]}
+            {"name": name, "limit": found["limit"], "holders": holders, "waiting": found["waiting"]}
         )
     return rows
 
@@ -188,17 +190,18 @@ def _iso_seconds(seconds: float | None) -> str | None:
 
 
 def delay_queues(client: Any = None) -> list[dict[str, Any]]:
-    """Stats and the oldest dead letters of each configured or discovered queue."""
+    """Stats and the oldest dead letters of each configured queue (``DELAY_QUEUES``) and
+    of the ``PAGE_SIZE`` most recently used others (the registry) that hold items."""
     client = client or get_redis()
-    names = set(settings.DELAY_QUEUES)
-    head = f"{settings.key_prefix()}:dq:{{"
-    for key in client.scan_iter(match=f"{head}*}}:items", count=SCAN_COUNT):
-        key = decoded(key)
-        names.add(unescape_name(key[len(head) : -len("}:items")]))
+    configured = set(settings.DELAY_QUEUES)
+    used = backend_for_client(client).run(registry.recent(DELAY_QUEUES, PAGE_SIZE))
     rows = []
-    for name in sorted(names):
+    for name in sorted(configured.union(used)):
         queue = DelayQueue(name, redis=client)
         stats = queue.stats()
+        held = stats["scheduled"] or stats["in_flight"] or stats["dead"]
+        if not held and name not in configured:
+            continue  # used lately, empty now
         stats["next_due"] = stats["next_due"].isoformat() if stats["next_due"] else None
         letters = queue.dead_letters(DEAD_LETTERS_SHOWN)
         for letter in letters:

@@ -5,7 +5,9 @@ sorted set of due items scored by due time (the Redis clock), a hash of their
 payloads, an in-flight sorted set scored by visibility deadline, a dead-letter
 sorted set, and the delivery counts and last errors. Every call is one round
 trip, and raises :class:`~stock_locks.exceptions.RedisUnavailable` (the cause
-chained) when Redis did not answer.
+chained) when Redis did not answer. A schedule or a claim also lists the queue
+in the registry the admin page reads (``stock_locks.backends.redis.registry``):
+one more round trip, at most once a minute per process and queue.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from .. import metrics, scripts
+from ..backends.redis import registry
 from ..backends.redis.backend import backend_for_client
 from ..backends.redis.client import get_redis
 from ..backends.redis.protocol import decoded, score_pairs
 from ..backends.redis.requests import Command, Pipeline, Requests, script, scripts_batch
 from ..conf import settings
 from ..exceptions import InvalidSchedule
-from ..keys import delay_queue_keys
+from ..keys import DELAY_QUEUES, delay_queue_keys
 from .handlers import Handler, handler
 from .runner import DrainResult, drain
 
@@ -147,6 +150,7 @@ class DelayQueue:
             raise InvalidSchedule(f"payload is not JSON-serialisable: {exc}") from None
         keys = (*self._all_keys, self.keys.signal)
         self._run(_script(scripts.DELAY_SCHEDULE, keys, (item_id, body, delay_ms, due_at)))
+        self._register()
         return item_id
 
     def cancel(self, id: str) -> bool:
@@ -178,6 +182,7 @@ class DelayQueue:
         visibility = self.visibility_timeout if visibility_timeout is None else visibility_timeout
         argv = (limit, _ms(_positive(visibility, "visibility_timeout")), self.max_attempts)
         flat = self._run(_script(scripts.DELAY_CLAIM, self._all_keys, argv))
+        self._register()
         if not flat:
             return []
         deadline, oldest_due = int(flat[-2]), float(flat[-1])
@@ -318,6 +323,11 @@ class DelayQueue:
         for reply in self._run(scripts_batch(calls)):
             if isinstance(reply, Exception):
                 raise reply
+
+    def _register(self) -> None:
+        """List the queue for the admin page, at most once a period per process (a
+        failure is logged and dropped: the call before it happened)."""
+        self._run(registry.register(self.backend, DELAY_QUEUES, self.name))
 
     def _run(self, requests: Requests[T]) -> T:
         """Run ``requests`` on the queue's client; :class:`RedisUnavailable` when Redis

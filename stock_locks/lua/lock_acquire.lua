@@ -4,7 +4,7 @@
 --         token \n fence \n count \n ttl ms \n acquired_at ms \n ARGV[5]
 --         (ARGV[5]: thread \n host \n pid \n watchdog \n caller, from the client)
 -- KEYS[2] fencing counter (the last fence granted; expires ARGV[6] ms after the
---         last grant)
+--         Redis clock passes it, and not before the lease ends)
 -- KEYS[3] waiters flag (a string a refusal sets; the release's DEL of the lock
 --         and this key counts it, so a release learns of waiters for free)
 -- KEYS[4] held-locks index (zset lock key -> lease end, ms; one per hash slot on a cluster)
@@ -13,7 +13,8 @@
 -- ARGV[3] how many times this token already holds the lock (0 = fresh)
 -- ARGV[4] "1" when the caller waited before this try, else "0"
 -- ARGV[5] the holder's description (see KEYS[1]; no newline but between fields)
--- ARGV[6] fencing counter retention in ms
+-- ARGV[6] fencing counter retention in ms (FENCE_RETENTION): how long the counter
+--         outlives the moment the Redis clock passes the last fence
 -- ARGV[7] (optional) fence rule: 'clock' (default) or 'counter' (RedLock: see below)
 --
 -- Returns {1, fence, count} when granted. A token that already holds the lock
@@ -31,7 +32,11 @@
 --
 -- A fresh grant's fence is max(last fence + 1, Redis clock in microseconds):
 -- fences rise across a restart that lost the counter and across a restore from
--- an older snapshot (whose counter is behind), so the counter may expire.
+-- an older snapshot (whose counter is behind), so the counter may expire. It is
+-- needed only until the clock has passed the last fence: then the clock alone
+-- gives more. So it expires ARGV[6] ms after that (the margin for the clock
+-- stepping back), never before the lease ends: (fence - now_us) / 1000 + ARGV[6]
+-- ms from now, usually just ARGV[6] (the fence is the clock).
 -- With ARGV[7] 'counter' it is last fence + 1, and the clock only when the
 -- counter is missing: RedLock's masters then agree on the fence of a grant, and
 -- its client usually needs no second round trip to make them agree (lock_fence.lua
@@ -48,18 +53,22 @@ if not record then
   -- Free: a fresh grant. The fence comes first, so that the grant is one SET of the
   -- whole record (a refused try never touches the counter).
   local fence = string.format('%d', now_us)
+  local lease, margin = tonumber(ARGV[2]), tonumber(ARGV[6])
+  local keep = math.max(lease, margin)  -- the counter's expiry (ms) when fence = now_us
   if ARGV[7] == 'counter' then
     local last = redis.call('GET', KEYS[2])
     if last then
       fence = string.format('%d', tonumber(last) + 1)
+      keep = math.max(lease, math.ceil((tonumber(fence) - now_us) / 1000) + margin)
     end
-    redis.call('SET', KEYS[2], fence, 'PX', ARGV[6])
+    redis.call('SET', KEYS[2], fence, 'PX', keep)
   else
     -- The clock is almost always ahead: write it, and look at what was there.
-    local last = redis.call('SET', KEYS[2], fence, 'PX', ARGV[6], 'GET')
+    local last = redis.call('SET', KEYS[2], fence, 'PX', keep, 'GET')
     if last and tonumber(last) >= tonumber(fence) then
       fence = string.format('%d', tonumber(last) + 1)
-      redis.call('SET', KEYS[2], fence, 'PX', ARGV[6])
+      keep = math.max(lease, math.ceil((tonumber(fence) - now_us) / 1000) + margin)
+      redis.call('SET', KEYS[2], fence, 'PX', keep)
     end
   end
   redis.call('SET', KEYS[1],

@@ -30,6 +30,7 @@ from django.conf import settings
 from django.test import override_settings
 from redis.cluster import RedisCluster
 
+from stock_locks.backends.redis import registry
 from tests.cluster.settings import CLUSTER_URL_ENV, cluster_backend
 from tests.support.redis_cluster import RedisClusterServers, shared_cluster
 
@@ -71,6 +72,7 @@ def redis_client(
     if redis_cluster.killed:
         redis_cluster.heal()
     redis_cluster.flushall()
+    registry.forget()  # FLUSHALL announces nothing: register every name again
     url = redis_cluster.url
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", SETTINGS_MODULE)
     monkeypatch.setenv(CLUSTER_URL_ENV, url)

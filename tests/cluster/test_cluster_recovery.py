@@ -4,7 +4,7 @@ The suite's own tests of reservation expiry, the sweeper and the drift
 measurement run here unchanged (imported): the sweeper's reads, restores and
 repairs go to the master serving the stock tag. The dashboard's JSON lists the
 held locks from the per-slot indexes of every master, semaphores and queues
-found by a SCAN of every master, and the stock drift.
+on every master (found in their registries), and the stock drift.
 """
 
 from __future__ import annotations

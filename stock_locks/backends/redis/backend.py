@@ -23,7 +23,7 @@ from ... import scripts
 from ...conf import settings
 from ...exceptions import LockNotReplicated
 from ...holder import LockInfo, process_identity, thread_name
-from ...keys import LockKeys, SemaphoreKeys, lock_keys, semaphore_keys
+from ...keys import SEMAPHORES, LockKeys, SemaphoreKeys, lock_keys, semaphore_keys
 from .. import get_backend
 from ..base import (
     Attempt,
@@ -41,6 +41,7 @@ from ..base import (
     arun,
     run,
 )
+from . import registry
 from .aio_transport import transport_for
 from .client import ClientOptions, async_client, get_redis, sync_client
 from .cluster import is_cluster
@@ -306,7 +307,10 @@ class RedisBackend(Backend):
             argv = (holder, spec.limit, lease_ms, patience_ms, *about)
             source = scripts.SEM_ACQUIRE
         keys = semaphore_script_keys(spec.keys, spec.fair)
-        return semaphore_attempt(spec.name, (yield from script(source, keys, argv)), spec.fair)
+        attempt = semaphore_attempt(spec.name, (yield from script(source, keys, argv)), spec.fair)
+        if attempt.granted:  # listed for the admin page (once a period per process)
+            yield from registry.register(self, SEMAPHORES, spec.name)
+        return attempt
 
     def semaphore_release(
         self, spec: SemaphoreSpec, holder: str, lease_ms: int, abandon: bool
@@ -325,7 +329,10 @@ class RedisBackend(Backend):
     def semaphore_refresh(self, spec: SemaphoreSpec, holder: str, ttl_ms: int) -> Operation[int]:
         k = spec.keys
         keys = (k.holders, k.meta, k.queue, k.alive, k.ticket) if spec.fair else (k.holders, k.meta)
-        return int((yield from script(scripts.SEM_REFRESH, keys, (holder, ttl_ms))))
+        live = int((yield from script(scripts.SEM_REFRESH, keys, (holder, ttl_ms))))
+        if live == 1:  # a hold kept for days stays listed
+            yield from registry.register(self, SEMAPHORES, spec.name)
+        return live
 
     def semaphore_wait(self, spec: SemaphoreSpec, holder: str, seconds: float) -> Operation[bool]:
         key = spec.keys.wake_prefix + holder if spec.fair else spec.keys.signal
@@ -335,6 +342,12 @@ class RedisBackend(Backend):
         """``sem_state.lua``'s reply: [now ms, limit, waiting, flat holders]."""
         state_keys = (keys.holders, keys.meta, keys.queue)
         return list((yield from script(scripts.SEM_STATE, state_keys, ())))
+
+    def semaphore_states(self, keys: Sequence[SemaphoreKeys]) -> Operation[list[list[Any]]]:
+        """:meth:`semaphore_state` of many semaphores in one round trip (one pipeline per
+        node on a cluster)."""
+        calls = [(scripts.SEM_STATE, (k.holders, k.meta, k.queue), ()) for k in keys]
+        return [list(_raised(reply)) for reply in (yield from scripts_batch(calls))]
 
     def semaphore_evict(self, keys: SemaphoreKeys, holder: str, limit: int) -> Operation[int]:
         """Take ``holder``'s permit (an operator's action): 1 when it held a live one."""

@@ -85,10 +85,16 @@ def holder_argv(caller: str, watchdog: bool) -> str:
     return _holder_tail(caller, watchdog, process_identity())
 
 
+def fence_retention_ms() -> int:
+    """``FENCE_RETENTION`` in ms: how long a fencing counter outlives the moment the Redis
+    clock passes its last fence (``lock_acquire.lua``)."""
+    return max(1, int(settings.FENCE_RETENTION * 1000))
+
+
 def acquire_argv(token: str, ttl_ms: int, count: int, holder: str, waited: bool) -> tuple[Any, ...]:
     """ARGV of ``lock_acquire.lua``; ``holder`` comes from :func:`holder_argv`."""
-    retention_ms = max(1, int(settings.FENCE_RETENTION * 1000))
-    return (token, ttl_ms, count, int(waited), f"{_field(thread_name())}\n{holder}", retention_ms)
+    thread = _field(thread_name())
+    return (token, ttl_ms, count, int(waited), f"{thread}\n{holder}", fence_retention_ms())
 
 
 def release_argv(

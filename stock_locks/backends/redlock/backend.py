@@ -29,7 +29,11 @@ stores at least that fence (``lock_fence.lua``; no extra round trip when the
 granting majority already proposed the same value, the usual case). Any two
 majorities share a master, so **every grant's fence is greater than every
 earlier grant's while no majority has lost its data** (a master restarted
-empty, or restored from an older snapshot, counts as having lost it).
+empty, or restored from an older snapshot, counts as having lost it). A
+master's counter expires ``FENCE_RETENTION`` after its own clock has passed
+the fence it holds (never before the lease ends): from then on that master
+proposes its clock, which is above the fence, so the shared master still
+proposes more than the last grant's fence once its counter is gone.
 
 A master restarted empty does not refuse grants for a lease (no delayed
 restart). Mutual exclusion then holds as long as a majority still records the
@@ -61,7 +65,6 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from ... import scripts
-from ...conf import settings
 from ...exceptions import LockError, LockNotOwned, RedisUnavailable
 from ...holder import LockInfo
 from ...keys import LockKeys, key_slot, lock_keys
@@ -88,6 +91,7 @@ from ..redis.protocol import (
     acquire_argv,
     acquire_keys,
     extend_keys,
+    fence_retention_ms,
     force_argv,
     holder_argv,
     lock_info,
@@ -258,7 +262,7 @@ class RedLockBackend(Backend):
             )
         if len(grants) >= self.quorum and valid:
             fence, agreed = quorum.grant_fence(grants, self.quorum)
-            stored = agreed or (yield from self._store_fence(keys, token, fence))
+            stored = agreed or (yield from self._store_fence(keys, token, fence, spec.ttl_ms))
             if stored and self._validity_ms(spec.ttl_ms, started) > 0:
                 return Attempt(True, fence=fence, count=1)
         # Not granted: take back what a minority (or a too-slow majority) granted, so
@@ -273,9 +277,9 @@ class RedLockBackend(Backend):
             False, wait=quorum.wait_after(replies, len(grants), self.quorum, self.retry_delay)
         )
 
-    def _store_fence(self, keys: LockKeys, token: str, fence: int) -> Requests[bool]:
-        retention_ms = max(1, int(settings.FENCE_RETENTION * 1000))
-        command = evalsha(scripts.LOCK_FENCE, (keys.fence, keys.lock), (token, fence, retention_ms))
+    def _store_fence(self, keys: LockKeys, token: str, fence: int, ttl_ms: int) -> Requests[bool]:
+        argv = (token, fence, fence_retention_ms(), ttl_ms)
+        command = evalsha(scripts.LOCK_FENCE, (keys.fence, keys.lock), argv)
         stored = sum(reply == 1 for reply in (yield from self._all(command)))
         return bool(stored >= self.quorum)
 

@@ -37,7 +37,8 @@ What it leaves
     with their counters. Receivers of :data:`stress_cleanup` remove their own
     records of the run's orders first (a shop sold to over HTTP keeps orders
     that refer to the rows). What the library keeps stays: lock keys (their
-    fences expire after ``FENCE_RETENTION``), the ``loaded`` marker, counters
+    fence counters expire ``FENCE_RETENTION`` after the last grant, a minute
+    unless the Redis clock runs behind the fence), the ``loaded`` marker, counters
     of existing SKUs (equal to the database), and the raised ``fence`` of an
     existing row the ``lock`` strategy wrote (fences only rise).
 """
