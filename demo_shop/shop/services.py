@@ -15,12 +15,16 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from stock_locks import Lock
 from stock_locks.conf import settings as stock_settings
 from stock_locks.exceptions import InvalidQuantity, ReservationError
 from stock_locks.models import Reservation
 from stock_locks.stock import get_strategy, normalize_cart, strategy_names
 
 from .models import Order, OrderLine, Product
+
+IDEMPOTENCY_LOCK_TTL = 30  # seconds: a lease far past a reserve and its order's write
+IDEMPOTENCY_WAIT = 10  # seconds a copy of a key waits for the copy being served
 
 log = logging.getLogger("demo_shop.orders")
 
@@ -141,8 +145,32 @@ def place_order(
     the purchase caps (settings STOCK_LOCKS["CAPS"]). Raises what the strategy
     raises (OutOfStock, CapExceeded, InvalidQuantity, RedisUnavailable, ...);
     nothing is kept then.
+
+    Copies of one key in flight at once (a double click, a client retrying on
+    its timeout) are served one after the other, under a lock on the key: the
+    second finds the first's order, or asks again after the first's refusal.
+    (Without it, two copies could be told "order N" and "out of stock": the
+    lua strategy answers a SKU it saw sold out without asking Redis, where the
+    twin's reservation is.) LockTimeout (HTTP 423) when the first takes longer
+    than IDEMPOTENCY_WAIT.
     """
-    ref = f"shop-{key}" if key else f"shop-{uuid.uuid4().hex}"
+    if not key:
+        return _place(f"shop-{uuid.uuid4().hex}", cart, strategy_name, None, ttl, customer)
+    ref = f"shop-{key}"
+    if not settings.SHOP_IDEMPOTENCY_LOCK:
+        return _place(ref, cart, strategy_name, key, ttl, customer)
+    with Lock(f"idempotency:{ref}", IDEMPOTENCY_LOCK_TTL, timeout=IDEMPOTENCY_WAIT):
+        return _place(ref, cart, strategy_name, key, ttl, customer)
+
+
+def _place(
+    ref: str,
+    cart: dict[str, int],
+    strategy_name: str,
+    key: str | None,
+    ttl: float | None,
+    customer: str | None,
+) -> tuple[Order, bool]:
     if key:
         existing = Order.objects.filter(ref=ref).first()
         if existing is not None:

@@ -4,7 +4,8 @@ GET  /api/products/                 products with their stock
 POST /api/orders/                   {"items": [{"sku": "TEA", "qty": 1}]}
                                     201 order | 400 bad input | 409 out of stock or
                                     cap_exceeded | 503 Redis down
-                                    (header Idempotency-Key: a retry returns the first order, 200)
+                                    (header Idempotency-Key: a retry returns the first order, 200;
+                                    copies in flight at once are served one after the other)
 GET  /api/orders/<id>/              the order
 POST /api/orders/<id>/pay/          200 paid | 409 cancelled or expired
 POST /api/orders/<id>/cancel/       200 cancelled, stock back | 409 paid

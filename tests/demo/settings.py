@@ -23,6 +23,7 @@ DEMO = {
     "SHOP_STRATEGY": demo.SHOP_STRATEGY,
     "SHOP_SKU_STRATEGIES": demo.SHOP_SKU_STRATEGIES,
     "SHOP_STRATEGY_FROM_REQUEST": demo.SHOP_STRATEGY_FROM_REQUEST,
+    "SHOP_IDEMPOTENCY_LOCK": demo.SHOP_IDEMPOTENCY_LOCK,
 }
 
 # A process a test spawns may be given the lua strategy's sold-out cache TTL (0: off).
