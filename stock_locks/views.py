@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET
 
 from . import metrics
 from .conf import settings
-from .dashboard.snapshot import snapshot
+from .dashboard.snapshot import deployment_figures
 from .dashboard.summary import prometheus_gauges
 from .exceptions import BackendUnavailable
 
@@ -39,7 +39,7 @@ def _deployment_gauges() -> bytes:
     heartbeats); a comment instead when Redis or the database cannot answer, so the
     process's own counters are still scraped."""
     try:
-        page = snapshot(window=60)
+        figures, processes = deployment_figures()
     except (BackendUnavailable, DatabaseError) as exc:
         return f"# stock_locks deployment gauges unavailable: {type(exc).__name__}\n".encode()
-    return prometheus_gauges(page["summary"], page["processes"]).encode()
+    return prometheus_gauges(figures, processes).encode()

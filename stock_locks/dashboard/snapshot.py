@@ -281,6 +281,28 @@ def charts(timeline: Timeline) -> list[dict[str, Any]]:
     return [{"id": c.id, "title": c.title, "svg": c.svg} for c in dashboard_charts(timeline)]
 
 
+def _capped(timeline: Timeline) -> dict[str, float]:
+    """Reserves a purchase cap refused in the timeline's window, per SKU."""
+    return {name[len(CAPPED) :]: n for name, n in timeline.totals.items()
+            if name.startswith(CAPPED)}  # fmt: skip
+
+
+def deployment_figures(window: int = 60) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The summary strip's figures and the processes' heartbeats, without what only
+    the page shows (charts, lock details, ZooKeeper's locks, caps): what the Prometheus
+    scrape serves. Raises :class:`~stock_locks.exceptions.RedisUnavailable`."""
+    client = get_redis()
+    with translated():
+        timeline = recent(window, client)
+        sems, queues = semaphores(client), delay_queues(client)
+        processes = heartbeats(client, timeline.now_ms)
+        figures = summary(
+            timeline, held_locks=len(held_lock_names(client)), semaphores=sems, queues=queues,
+            stock=stock(window, capped=_capped(timeline)), processes=processes,
+        )  # fmt: skip
+    return figures, processes
+
+
 def snapshot(
     lock_search: str = "",
     lock_page_number: int = 1,
@@ -299,10 +321,8 @@ def snapshot(
     with translated():
         timeline = recent(window, client)
         locks = lock_page(lock_search, lock_page_number, client)
-        capped = {name[len(CAPPED) :]: n for name, n in timeline.totals.items()
-                  if name.startswith(CAPPED)}  # fmt: skip
         sems, queues = semaphores(client), delay_queues(client)
-        stock_table = stock(window, stock_order, capped)
+        stock_table = stock(window, stock_order, _capped(timeline))
         processes = heartbeats(client, timeline.now_ms)
         return {
             "generated_at": timezone.now().isoformat(),

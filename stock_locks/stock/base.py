@@ -95,7 +95,7 @@ class StockStrategy(ABC):
         """
         ref, lines, ttl_ms = self.validate(order_ref, cart, ttl)
         buyer = buyer_of(customer, lines)
-        with self.counting_refusals(ref):
+        with self.recording_outcome(ref):
             return self.after_reserve(self.do_reserve(ref, lines, ttl_ms, buyer), ttl_ms)
 
     def warm_up(self) -> None:
@@ -108,10 +108,10 @@ class StockStrategy(ABC):
         if self.uses_redis:
             get_redis().ping()
 
-    def counting_refusals(self, order_ref: str) -> RefusalCounter:
+    def recording_outcome(self, order_ref: str) -> OutcomeRecorder:
         """Around a reserve's decision: record its refusal (metrics, ``stock_refused``)
         or its failure (Redis unavailable, the database's error)."""
-        return RefusalCounter(self.name, order_ref)
+        return OutcomeRecorder(self.name, order_ref)
 
     async def areserve(
         self,
@@ -260,8 +260,8 @@ class StockStrategy(ABC):
         """Units of ``sku`` that can be reserved now."""
 
 
-class RefusalCounter:
-    """:meth:`StockStrategy.counting_refusals` (a class, not a generator: a refusal passes
+class OutcomeRecorder:
+    """:meth:`StockStrategy.recording_outcome` (a class, not a generator: a refusal passes
     through it on every sold-out attempt of a sale)."""
 
     __slots__ = ("strategy", "order_ref")

@@ -115,7 +115,7 @@ class LuaStrategy(RedisStockStrategy):
         Django's thread for sync code (``sync_to_async``: ``atomic`` is sync)."""
         ref, lines, ttl_ms = self.validate(order_ref, cart, ttl)
         buyer = buyer_of(customer, lines)
-        with self.counting_refusals(ref):
+        with self.recording_outcome(ref):
             self._known_short(lines)
             try:
                 steps = self._reserve_steps(ref, lines, buyer=buyer)
@@ -124,7 +124,7 @@ class LuaStrategy(RedisStockStrategy):
                 raise unanswered_reserve(exc, ref) from exc
 
         def in_database() -> Reservation:
-            with self.counting_refusals(ref):
+            with self.recording_outcome(ref):
                 reservation = self.reserve_in_database(
                     ref, lines, ttl_ms, took, now_ms, retries, buyer=buyer
                 )

@@ -179,10 +179,8 @@ class StockTable:
             raise OutOfStock(sku, total, self.level(sku))
         return inserted
 
-    def take_and_record_many(
-        self, orders: Iterable[tuple[Any, ...]]
-    ) -> dict[str, tuple[int, dt.datetime]]:
-        """Several reservations, each an :class:`Order` (or its fields as a tuple), in
+    def take_and_record_many(self, batch: list[Order]) -> dict[str, tuple[int, dt.datetime]]:
+        """Several reservations (:class:`Order`), in
         one transaction on PostgreSQL: their RESERVED rows and their units, one
         guarded decrement per SKU for their sum, and their customers' purchase caps
         counted. One commit, and one wait on each hot row, for all of them.
@@ -195,7 +193,6 @@ class StockTable:
         :class:`InvalidQuantity`) when a SKU has less than the sum, or CapExceeded
         when a reservation would pass a cap: nothing is written.
         """
-        batch = [Order(*order) for order in orders]
         db = router.db_for_write(Reservation)
         skus = {sku for order in batch for sku in order.lines}
         capped = {order.ref: caps_for(order.lines) for order in batch if order.customer}

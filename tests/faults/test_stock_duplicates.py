@@ -30,7 +30,7 @@ from stock_locks.models import Reservation
 from stock_locks.stock import get_strategy
 from stock_locks.stock.reconcile import load_missing_counters, restore_after_data_loss
 from stock_locks.stock.soldout import cache_for
-from stock_locks.stock.table import StockTable
+from stock_locks.stock.table import Order, StockTable
 from tests.inventory.models import Item
 from tests.support.fault_processes import Child, marker, stop_here, wait_stopped, waiting_on_a_lock
 from tests.support.stock_audit import audit, drift
@@ -55,7 +55,7 @@ def write_batch(orders: list[tuple[str, dict[str, int]]]) -> Any:  # in a child
     """A group commit leader's batch of several SKUs; the refs it inserted."""
     try:
         inserted = StockTable().take_and_record_many(
-            [(ref, lines, "lua", None) for ref, lines in orders]
+            [Order(ref, lines, "lua", None) for ref, lines in orders]
         )
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
