@@ -127,9 +127,6 @@ SHOP_SKU_STRATEGIES: dict[str, str] = {}
 # flash sale compares strategies over HTTP. `manage.py demo` turns it on for its
 # server; off, a body naming a strategy is a 400.
 SHOP_STRATEGY_FROM_REQUEST = os.environ.get("SHOP_STRATEGY_FROM_REQUEST") == "1"
-# Copies of one Idempotency-Key in flight are served one after the other (a lock on
-# the key: shop.services.place_order). Off only to test the library's own answers.
-SHOP_IDEMPOTENCY_LOCK = os.environ.get("SHOP_IDEMPOTENCY_LOCK", "1") == "1"
 
 STOCK_LOCKS = {
     "KEY_PREFIX": "sl",

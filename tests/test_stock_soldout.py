@@ -4,6 +4,7 @@ that came back is sellable once its announcement arrives."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -32,9 +33,14 @@ def listening() -> soldout.SoldOutCache:
     return cache
 
 
+def calls(client: Any, command: str) -> int:
+    """How many ``command``s Redis has run."""
+    return client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
+
+
 def reserve_calls(client: Any) -> int:
     """How many scripts Redis has run (every reserve that reached it is one)."""
-    return client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    return calls(client, "evalsha")
 
 
 def sell_out(cache: soldout.SoldOutCache, sku: str = "HOT") -> None:
@@ -51,15 +57,43 @@ def test_a_refusal_is_answered_here_until_this_process_gives_units_back(redis_cl
     cache = listening()
     sell_out(cache)
     lua = get_strategy("lua")
-    scripts_run = reserve_calls(redis_client)
+    scripts_run, lookups = reserve_calls(redis_client), calls(redis_client, "exists")
     for n in range(20):
         with pytest.raises(OutOfStock) as refused:
-            lua.reserve(f"late-{n}", {"HOT": 1})
+            lua.reserve(f"late-{n}", {"HOT": 1}, fresh_ref=True)
         assert (refused.value.sku, refused.value.available) == ("HOT", 0)
     assert reserve_calls(redis_client) == scripts_run, "a remembered refusal went to Redis"
+    assert calls(redis_client, "exists") == lookups, "a fresh ref was looked up"
+    with pytest.raises(OutOfStock):
+        lua.reserve("maybe-again", {"HOT": 1})  # a ref that may repeat: is it recorded?
+    assert (reserve_calls(redis_client), calls(redis_client, "exists")) == (
+        scripts_run,
+        lookups + 1,
+    )
 
     lua.release("a")  # this process gave the unit back: sellable at once
     assert lua.reserve("c", {"HOT": 1}).created
+    book = audit("HOT", 1)
+    assert book.conserved and book.open == 1, book.summary()
+
+
+@pytest.mark.parametrize("mode", ["sync", "asyncio"])
+def test_a_retry_of_an_order_whose_reply_was_lost_gets_its_units(mode, redis_client):
+    # The first attempt's script took the last unit, its reply was lost (the Redis half
+    # alone here); then this process saw the SKU refused to another buyer. The retry with
+    # the same order ref is answered with the units it holds, not "sold out".
+    cache = listening()
+    Item.objects.create(code="HOT", title="HOT", on_hand=1)
+    lua = get_strategy("lua")
+    ref, lines, _ = lua.validate("lost", {"HOT": 1}, None)
+    assert lua.reserve_in_redis(ref, lines)[0], "the first attempt took the unit"
+    with pytest.raises(OutOfStock):
+        lua.reserve("other", {"HOT": 1})
+    assert cache.short_line({"HOT": 1}) == ("HOT", 1, 0)
+    if mode == "sync":
+        assert lua.reserve("lost", {"HOT": 1}).order_ref == "lost"
+    else:
+        assert asyncio.run(lua.areserve("lost", {"HOT": 1})).order_ref == "lost"
     book = audit("HOT", 1)
     assert book.conserved and book.open == 1, book.summary()
 
@@ -73,7 +107,7 @@ def test_warm_up_returns_with_the_listener_subscribed(redis_client):
     sell_out(cache)
     scripts_run = reserve_calls(redis_client)
     with pytest.raises(OutOfStock):
-        lua.reserve("late", {"HOT": 1})
+        lua.reserve("late", {"HOT": 1}, fresh_ref=True)
     assert reserve_calls(redis_client) == scripts_run, "the first refusal was not remembered"
 
 

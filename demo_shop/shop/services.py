@@ -15,16 +15,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from stock_locks import Lock
 from stock_locks.conf import settings as stock_settings
 from stock_locks.exceptions import InvalidQuantity, ReservationError
 from stock_locks.models import Reservation
 from stock_locks.stock import get_strategy, normalize_cart, strategy_names
 
 from .models import Order, OrderLine, Product
-
-IDEMPOTENCY_LOCK_TTL = 30  # seconds: a lease far past a reserve and its order's write
-IDEMPOTENCY_WAIT = 10  # seconds a copy of a key waits for the copy being served
 
 log = logging.getLogger("demo_shop.orders")
 
@@ -147,20 +143,11 @@ def place_order(
     nothing is kept then.
 
     Copies of one key in flight at once (a double click, a client retrying on
-    its timeout) are served one after the other, under a lock on the key: the
-    second finds the first's order, or asks again after the first's refusal.
-    (Without it, two copies could be told "order N" and "out of stock": the
-    lua strategy answers a SKU it saw sold out without asking Redis, where the
-    twin's reservation is.) LockTimeout (HTTP 423) when the first takes longer
-    than IDEMPOTENCY_WAIT.
+    its timeout) get one answer: the library answers a repeated order ref with
+    the reservation it holds, and the order's unique ref makes one order of it.
     """
-    if not key:
-        return _place(f"shop-{uuid.uuid4().hex}", cart, strategy_name, None, ttl, customer)
-    ref = f"shop-{key}"
-    if not settings.SHOP_IDEMPOTENCY_LOCK:
-        return _place(ref, cart, strategy_name, key, ttl, customer)
-    with Lock(f"idempotency:{ref}", IDEMPOTENCY_LOCK_TTL, timeout=IDEMPOTENCY_WAIT):
-        return _place(ref, cart, strategy_name, key, ttl, customer)
+    ref = f"shop-{key}" if key else f"shop-{uuid.uuid4().hex}"
+    return _place(ref, cart, strategy_name, key, ttl, customer)
 
 
 def _place(
@@ -184,7 +171,8 @@ def _place(
             return existing, False
     ttl = settings.ORDER_TTL if ttl is None else ttl
     strategy = get_strategy(strategy_name)
-    reservation = strategy.reserve(ref, cart, ttl=ttl, customer=customer)
+    # A ref made up here cannot repeat: a SKU seen sold out is refused without Redis.
+    reservation = strategy.reserve(ref, cart, ttl=ttl, customer=customer, fresh_ref=not key)
     try:
         with transaction.atomic():
             # The reservation's row lock: an expiry releasing it now waits for this

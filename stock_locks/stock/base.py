@@ -66,6 +66,7 @@ class StockStrategy(ABC):
         *,
         ttl: float | None = None,
         customer: str | int | None = None,
+        fresh_ref: bool = False,
     ) -> Reservation:
         """Reserve every line of ``cart`` for ``order_ref``, or nothing.
 
@@ -80,6 +81,12 @@ class StockStrategy(ABC):
         same step that takes the stock: :class:`CapExceeded` refuses the whole
         cart (nothing taken); :class:`CustomerRequired` when a line is capped and
         no customer is named.
+
+        ``fresh_ref``: the caller promises ``order_ref`` was made for this call
+        (no earlier attempt, no copy in flight). The ``lua`` strategy then refuses
+        a SKU this process saw sold out without any round trip; otherwise it first
+        asks Redis whether an earlier attempt of the ref holds units (one
+        ``EXISTS``), which answers a retry or a duplicate with them.
 
         Returns the reservation; ``reservation.created`` is False when the
         order ref already had one (nothing moved then), ``reservation.retries``
@@ -96,7 +103,13 @@ class StockStrategy(ABC):
         ref, lines, ttl_ms = self.validate(order_ref, cart, ttl)
         buyer = buyer_of(customer, lines)
         with self.recording_outcome(ref):
+            self.refuse_known_short(ref, lines, fresh_ref)
             return self.after_reserve(self.do_reserve(ref, lines, ttl_ms, buyer), ttl_ms)
+
+    def refuse_known_short(self, order_ref: str, lines: Cart, fresh_ref: bool) -> None:
+        """Raise OutOfStock for a cart this process already knows Redis would refuse
+        (``lua``'s sold-out cache); nothing here."""
+        return None
 
     def warm_up(self) -> None:
         """Open what this strategy uses in this process now (its database connection,
@@ -120,11 +133,14 @@ class StockStrategy(ABC):
         *,
         ttl: float | None = None,
         customer: str | int | None = None,
+        fresh_ref: bool = False,
     ) -> Reservation:
         """:meth:`reserve` for async views. This strategy is bound to the database, so
         all of it runs in Django's thread for sync code (``sync_to_async``); the
         ``lua`` strategy answers in the event loop instead."""
-        return await sync_to_async(self.reserve)(order_ref, cart, ttl=ttl, customer=customer)
+        return await sync_to_async(self.reserve)(
+            order_ref, cart, ttl=ttl, customer=customer, fresh_ref=fresh_ref
+        )
 
     @staticmethod
     def validate(

@@ -17,7 +17,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from .. import scripts
-from ..backends.redis.requests import Blocking, Requests, script
+from ..backends.redis.requests import Blocking, Command, Requests, script
 from ..exceptions import OutOfStock, RedisUnavailable, StockLocksError
 from ..models import Reservation
 from . import groupcommit
@@ -41,16 +41,31 @@ class LuaStrategy(RedisStockStrategy):
         if (sold_out := cache_for(self.redis, self.keys.versions)) is not None:
             sold_out.wait_listening(LISTENER_WARM_UP)
 
-    def do_reserve(
-        self, order_ref: str, lines: Cart, ttl_ms: int | None, buyer: Buyer = NOBODY
-    ) -> Reservation:
-        self._known_short(lines)  # most attempts of a sale end here
-        return super().do_reserve(order_ref, lines, ttl_ms, buyer)
+    def refuse_known_short(self, order_ref: str, lines: Cart, fresh_ref: bool) -> None:
+        """(Most attempts of a sale end here.)"""
+        if (short := self._known_short(lines)) is None:
+            return
+        if fresh_ref:
+            raise OutOfStock(*short)
+        try:
+            self.backend.run(self._refused_unless_recorded(order_ref, short))
+        except RedisUnavailable as exc:
+            raise unanswered_reserve(exc, order_ref) from exc
 
-    def _known_short(self, lines: Cart) -> None:
-        """OutOfStock when this process knows a line asks more than is left."""
+    def _known_short(self, lines: Cart) -> tuple[str, int, int] | None:
+        """The line this process knows asks more than is left, if any."""
         sold_out = cache_for(self.redis, self.keys.versions)
-        if sold_out is not None and (short := sold_out.short_line(lines)):
+        return sold_out.short_line(lines) if sold_out is not None else None
+
+    def _refused_unless_recorded(
+        self, order_ref: str, short: tuple[str, int, int]
+    ) -> Requests[None]:
+        """OutOfStock for a line known short, unless Redis holds a record of
+        ``order_ref``: an earlier attempt of it (a retry after a lost reply, a
+        duplicate request in flight) took units, and the script answers with them.
+        One ``EXISTS`` instead of the script: the answer Redis would give."""
+        record = self.keys.record(order_ref)
+        if not (yield Command(("EXISTS", record), record)):
             raise OutOfStock(*short)
 
     def reserve_in_redis(
@@ -109,6 +124,7 @@ class LuaStrategy(RedisStockStrategy):
         *,
         ttl: float | None = None,
         customer: str | int | None = None,
+        fresh_ref: bool = False,
     ) -> Reservation:
         """:meth:`reserve` for async views: the Redis half runs on the event loop (a
         refusal, most of a flash sale, never leaves it), the database half in
@@ -116,8 +132,11 @@ class LuaStrategy(RedisStockStrategy):
         ref, lines, ttl_ms = self.validate(order_ref, cart, ttl)
         buyer = buyer_of(customer, lines)
         with self.recording_outcome(ref):
-            self._known_short(lines)
+            if (short := self._known_short(lines)) is not None and fresh_ref:
+                raise OutOfStock(*short)
             try:
+                if short is not None:
+                    await self.backend.arun(self._refused_unless_recorded(ref, short))
                 steps = self._reserve_steps(ref, lines, buyer=buyer)
                 took, now_ms, retries, _ = await self.backend.arun(steps)
             except RedisUnavailable as exc:

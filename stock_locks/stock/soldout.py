@@ -26,14 +26,11 @@ How long a unit that came back can stay unsellable here:
   nothing is remembered, and every (re)subscription starts empty; a refusal
   whose request was sent before it is not remembered.
 
-The one answer that differs from Redis's: a repeated reserve of an order ref
-that already holds units (Redis answers "already reserved") gets OutOfStock
-when its SKU is remembered sold out. Look an order up by its ref before
-reserving it again (as the demo shop does with its Idempotency-Key), or set
-``SOLD_OUT_TTL`` to 0. A lookup does not see a duplicate request still in
-flight (one key sent twice at once): the copy that lands in a process that
-remembers the SKU sold out is refused while the other gets the order
-(tests/faults/test_stock_duplicates.py, an expected failure). Disabled on a
+A remembered refusal still asks Redis one thing: whether the order ref holds a
+record (``EXISTS``, instead of the script). An earlier attempt of the same ref
+(a retry after a lost reply, a duplicate request in flight in another process)
+may hold units; then the script runs and answers with them, as without this
+cache (tests/faults/test_stock_duplicates.py). Disabled on a
 Redis Cluster client.
 """
 

@@ -6,8 +6,6 @@ switches to ``DEMO`` per test (tests/demo/conftest.py); processes a demo test
 spawns start with this module (``DJANGO_SETTINGS_MODULE``) and get the same.
 """
 
-import os
-
 from demo_shop import settings as demo
 from tests.settings import *  # noqa: F403
 from tests.settings import STOCK_LOCKS
@@ -23,11 +21,6 @@ DEMO = {
     "SHOP_STRATEGY": demo.SHOP_STRATEGY,
     "SHOP_SKU_STRATEGIES": demo.SHOP_SKU_STRATEGIES,
     "SHOP_STRATEGY_FROM_REQUEST": demo.SHOP_STRATEGY_FROM_REQUEST,
-    "SHOP_IDEMPOTENCY_LOCK": demo.SHOP_IDEMPOTENCY_LOCK,
 }
-
-# A process a test spawns may be given the lua strategy's sold-out cache TTL (0: off).
-if os.environ.get("STOCK_LOCKS_SOLD_OUT_TTL"):
-    DEMO["STOCK_LOCKS"]["SOLD_OUT_TTL"] = float(os.environ["STOCK_LOCKS_SOLD_OUT_TTL"])
 
 globals().update(DEMO)

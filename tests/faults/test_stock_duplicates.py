@@ -133,12 +133,6 @@ def reserve_with(strategy: str, ref: str, cart: dict[str, int]) -> Any:  # in a 
         return f"out of stock: {refusal.available} left"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lua's sold-out cache answers a repeated order ref 'out of stock' without "
-    "asking Redis, which holds the twin's record (stock_locks.stock.soldout says so); "
-    "DESIGN.md: two identical requests in flight get the same answer",
-)
 def test_a_lua_twin_in_a_process_that_saw_its_sku_sold_out_gets_the_same_answer():
     # The first request holds the last unit in Redis and is on its way to the database
     # (another gunicorn worker). This process has just seen the SKU refused to another

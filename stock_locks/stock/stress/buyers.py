@@ -71,7 +71,7 @@ def _orm_buyer(strategy_name: str):
 
     def buy(ref: str, cart: dict[str, int], _: str) -> tuple[str, int]:
         try:
-            return "sold", strategy.reserve(ref, cart).retries
+            return "sold", strategy.reserve(ref, cart, fresh_ref=True).retries
         except OutOfStock:
             return "refused", 0
 

@@ -20,12 +20,8 @@ it failed in each of 3 runs (copies told "order N" and "out_of_stock": lua each 
 watch twice); without the database strategies' and watch's fixes after it, likewise
 (lock, db_row_lock and db_conditional each time).
 
-Run twice per strategy. "library": the shop's lock on the key off
-(SHOP_IDEMPOTENCY_LOCK=0), so the copies race through the library, whose answers
-are checked; lua's sold-out cache off there, since a copy landing in a worker that
-remembers its SKU sold out is refused without asking Redis (a known divergence, an
-expected failure in tests/faults/test_stock_duplicates.py). "shop": as the demo
-runs, the shop serving the copies of a key one after the other, the cache on.
+The shop runs as the demo does, lua's sold-out cache on: a copy landing in a worker
+that remembers its SKU sold out still finds its twin's reservation in Redis.
 """
 
 from __future__ import annotations
@@ -135,8 +131,7 @@ def answer(status: int, data: dict) -> tuple:
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("served_by", ["library", "shop"])
-def test_duplicate_orders_in_flight_over_gunicorn_get_one_answer_each(strategy, served_by):
+def test_duplicate_orders_in_flight_over_gunicorn_get_one_answer_each(strategy):
     for sku, units in STOCK.items():
         Product.objects.create(sku=sku, name=sku.title(), stock=units)
     orders = plan(STRATEGIES.index(strategy))
@@ -145,11 +140,7 @@ def test_duplicate_orders_in_flight_over_gunicorn_get_one_answer_each(strategy, 
         demand.update(cart)
     assert all(demand[sku] > units for sku, units in STOCK.items()), demand  # sells out
     assert {copies for _, _, copies in orders} == {1, 2, 3}
-    # The library's answers: the shop's lock off, lua's sold-out cache off (see above).
-    env = {"SHOP_IDEMPOTENCY_LOCK": "0", "STOCK_LOCKS_SOLD_OUT_TTL": "0"}
-    with gunicorn_demo(
-        WORKERS, THREADS, SHOP_STRATEGY_FROM_REQUEST="1", **(env if served_by == "library" else {})
-    ) as shop:
+    with gunicorn_demo(WORKERS, THREADS, SHOP_STRATEGY_FROM_REQUEST="1") as shop:
         replies = [
             reply
             for share in run_in_processes(_buyer, BUYERS, shop.port, strategy, orders)
