@@ -86,7 +86,9 @@ def buyer(team, name: str, caps: dict, attempts: int, customers: int, run: str) 
     for n in range(attempts):
         customer = f"c{(n * team.size + team.index) % customers}"  # each its own turn
         try:
-            strategy.reserve(f"{PREFIX}{run}-{team.index}-{n}", {SKU: 1}, customer=customer)
+            strategy.reserve(
+                f"{PREFIX}{run}-{team.index}-{n}", {SKU: 1}, customer=customer, fresh_ref=True
+            )
             outcome["sold"] += 1
         except CapExceeded:
             outcome["capped"] += 1

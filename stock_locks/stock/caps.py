@@ -190,21 +190,16 @@ def cap_entries(entries: Mapping[Any, Any], cap: Cap, now_ms: int) -> tuple[int,
 def _hold(holds: set[tuple[str, str]]) -> None:
     """Lock each (cap, customer) of ``holds`` until the transaction ends, in one order
     every writer shares (no deadlock). PostgreSQL: transaction-level advisory locks
-    on a hash of the pair (nothing written; a collision only serialises two
-    customers). SQLite serialises writing transactions already (the stock row was
-    written first). Elsewhere: the pair's CapHold row, created when missing, locked
-    FOR UPDATE."""
+    on a hash of the pair (:func:`advisory_keys`). SQLite serialises writing
+    transactions already (the stock row was written first). Elsewhere: the pair's
+    CapHold row, created when missing, locked FOR UPDATE."""
     vendor = connections[router.db_for_write(Reservation)].vendor
     if vendor == "sqlite":
         return
     pairs = sorted(holds)
     if vendor == "postgresql":
-        keys = sorted({_advisory_key(cap, customer) for cap, customer in pairs})
         with connections[router.db_for_write(Reservation)].cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock(key) FROM unnest(%s::bigint[]) AS key ORDER BY key",
-                [keys],
-            )
+            cursor.execute(ADVISORY_LOCKS, [advisory_keys(holds)])
         return
     CapHold.objects.bulk_create(
         [CapHold(cap=cap, customer=customer) for cap, customer in pairs], ignore_conflicts=True
@@ -218,16 +213,36 @@ def _hold(holds: set[tuple[str, str]]) -> None:
 
 
 ADVISORY_NAMESPACE = b"stock_locks.cap"
+# PostgreSQL: the advisory locks of advisory_keys(), in key order, until the transaction ends.
+ADVISORY_LOCKS = "SELECT pg_advisory_xact_lock(key) FROM unnest(%s::bigint[]) AS key ORDER BY key"
 
 
-def _advisory_key(cap: str, customer: str) -> int:
-    """A signed 64-bit key for PostgreSQL's advisory lock of (cap, customer)."""
-    digest = hashlib.blake2b(f"{cap}\0{customer}".encode(), digest_size=8,
-                             person=ADVISORY_NAMESPACE).digest()  # fmt: skip
-    return int.from_bytes(digest, "big", signed=True)
+def advisory_keys(holds: Iterable[tuple[str, str]]) -> list[int]:
+    """Signed 64-bit keys of PostgreSQL advisory locks for (cap, customer) pairs, sorted
+    (nothing is written; a collision only serialises two customers)."""
+    keys = set()
+    for cap, customer in holds:
+        digest = hashlib.blake2b(f"{cap}\0{customer}".encode(), digest_size=8,
+                                 person=ADVISORY_NAMESPACE).digest()  # fmt: skip
+        keys.add(int.from_bytes(digest, "big", signed=True))
+    return sorted(keys)
 
 
-def count_in_database(purchases: list[tuple[str, Cart, list[Cap]]], now: dt.datetime) -> None:
+Purchase = tuple[str, Cart, list[Cap]]  # (customer, lines, the caps of the lines)
+
+
+def holds_of(purchases: list[Purchase]) -> set[tuple[str, str]]:
+    """The (cap, customer) pairs ``purchases`` count against."""
+    return {(cap.name, customer) for customer, _, caps in purchases for cap in caps}
+
+
+def counting_since(purchases: list[Purchase], now_ms: int) -> dt.datetime | None:
+    """The start of the widest window of the purchases' caps (None: for ever)."""
+    earliest = min(cap.window_start_ms(now_ms) for _, _, caps in purchases for cap in caps)
+    return dt.datetime.fromtimestamp(earliest / 1000, tz=dt.UTC) if earliest else None
+
+
+def count_in_database(purchases: list[Purchase], now: dt.datetime) -> None:
     """In the caller's transaction, after its stock rows were taken: count each
     purchase ``(customer, lines, its caps)`` against its customer's caps, in order,
     each with the earlier ones of the list (not inserted yet), and raise CapExceeded
@@ -240,17 +255,25 @@ def count_in_database(purchases: list[tuple[str, Cart, list[Cap]]], now: dt.date
     purchases = [p for p in purchases if p[2]]
     if not purchases:
         return
-    _hold({(cap.name, customer) for customer, _, caps in purchases for cap in caps})
+    _hold(holds_of(purchases))
     now_ms = int(now.timestamp() * 1000)
-    earliest = min(cap.window_start_ms(now_ms) for _, _, caps in purchases for cap in caps)
     rows = Reservation.objects.filter(
         customer__in={customer for customer, _, _ in purchases},
         status__in=[Reservation.Status.RESERVED, Reservation.Status.COMMITTED],
     )
-    if earliest:
-        rows = rows.filter(created_at__gte=dt.datetime.fromtimestamp(earliest / 1000, tz=dt.UTC))
+    if (since := counting_since(purchases, now_ms)) is not None:
+        rows = rows.filter(created_at__gte=since)
+    check_purchases(purchases, rows.values_list("customer", "lines", "created_at"), now_ms)
+
+
+def check_purchases(
+    purchases: list[Purchase], rows: Iterable[tuple[str, Cart, dt.datetime]], now_ms: int
+) -> None:
+    """CapExceeded for the first of ``purchases`` that passes a max, counted with
+    ``rows`` (customer, lines, created_at: the customers' reservations holding stock)
+    and the earlier purchases of the list."""
     held: dict[str, list[tuple[Cart, int]]] = {}
-    for customer, row_lines, created in rows.values_list("customer", "lines", "created_at"):
+    for customer, row_lines, created in rows:
         held.setdefault(customer, []).append((row_lines, int(created.timestamp() * 1000)))
     earlier: Counter[tuple[str, str]] = Counter()  # units of the list's earlier purchases
     for customer, lines, caps in purchases:

@@ -26,7 +26,18 @@ from ..conf import settings
 from ..exceptions import OutOfStock
 from ..fencing import stale
 from ..models import Reservation
-from .caps import NOBODY, Buyer, caps_for, count_in_database
+from .caps import (
+    ADVISORY_LOCKS,
+    NOBODY,
+    Buyer,
+    Cap,
+    advisory_keys,
+    caps_for,
+    check_purchases,
+    count_in_database,
+    counting_since,
+    holds_of,
+)
 from .cart import Cart, unknown_sku
 from .ledger import new_reservation
 
@@ -200,6 +211,8 @@ class StockTable:
         if len(skus) == 1 and not capped and all(len(order.lines) == 1 for order in batch):
             [sku] = skus
             return self._take_and_record_in_one_statement(db, sku, batch)
+        if capped and connections[db].vendor == "postgresql":
+            return self._take_and_record_pipelined(db, batch, capped)
         res, table, sku_col, qty_col = self._columns(db)
         take = (
             f"UPDATE {table} SET {qty_col} = {qty_col} - %s "
@@ -237,6 +250,81 @@ class StockTable:
             back = _units(order.lines for order in pending if order.ref not in inserted)
             for sku in sorted(back):
                 cursor.execute(give, [back[sku], sku])
+        return inserted
+
+    def _take_and_record_pipelined(
+        self, db: str, batch: list[Order], capped: dict[str, list[Cap]]
+    ) -> dict[str, tuple[int, dt.datetime]]:
+        """:meth:`take_and_record_many` of a capped batch on PostgreSQL: its statements
+        sent at once (psycopg's pipeline mode), in the order of every other write: the
+        stock rows (SKU order), the caps' advisory locks, the customers' reservations
+        (read after the locks: a statement sees what was committed before it ran),
+        the rows inserted. The replies are checked once they are all in; a refusal
+        rolls everything back. The hot stock row stays locked for two round trips
+        (this and the commit) where a statement at a time took six."""
+        res, table, sku_col, qty_col = self._columns(db)
+        totals = _units(order.lines for order in batch)
+        now = timezone.now()
+        now_ms = int(now.timestamp() * 1000)
+        purchases = [(o.customer, o.lines, capped[o.ref]) for o in batch if o.ref in capped]
+        held_sql = (
+            f"SELECT {res['customer']}, {res['lines']}, {res['created_at']} FROM {res['table']} "
+            f"WHERE {res['customer']} = ANY(%s) AND {res['status']} = ANY(%s)"
+        )
+        held_params: list[Any] = [
+            sorted({customer for customer, _, _ in purchases}),
+            [Reservation.Status.RESERVED.value, Reservation.Status.COMMITTED.value],
+        ]
+        if (since := counting_since(purchases, now_ms)) is not None:
+            held_sql += f" AND {res['created_at']} >= %s"
+            held_params.append(since)
+        into, values, returning, rows = _reservation_rows(res, batch)
+        connection = connections[db]
+        with transaction.atomic(using=db):
+            connection.ensure_connection()
+            pg = connection.connection
+            with pg.pipeline():
+                existing = pg.cursor().execute(
+                    f"SELECT {res['order_ref']} FROM {res['table']} "
+                    f"WHERE {res['order_ref']} = ANY(%s)",
+                    [[order.ref for order in batch]],
+                )
+                takes = [
+                    (sku, pg.cursor().execute(
+                        f"UPDATE {table} SET {qty_col} = {qty_col} - %s "
+                        f"WHERE {sku_col} = %s AND {qty_col} >= %s",
+                        [totals[sku], sku, totals[sku]],
+                    ))
+                    for sku in sorted(totals)
+                ]  # fmt: skip
+                pg.cursor().execute(ADVISORY_LOCKS, [advisory_keys(holds_of(purchases))])
+                held = pg.cursor().execute(held_sql, held_params)
+                insert = pg.cursor().execute(
+                    f"{into} VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING "
+                    f"{returning}",
+                    rows,
+                )
+            for sku, take in takes:
+                if take.rowcount == 0:
+                    raise self._refusal(sku, totals[sku], None)
+            have_rows = {ref for (ref,) in existing.fetchall()}
+            pending = [
+                (o.customer, o.lines, capped[o.ref])
+                for o in batch
+                if o.ref in capped and o.ref not in have_rows
+            ]
+            # (Django has jsonb loaded as text: its fields parse it.)
+            bought = [(c, json.loads(lines), made) for c, lines, made in held.fetchall()]
+            check_purchases(pending, bought, now_ms)
+            inserted = {ref: (pk, created) for ref, pk, created in insert.fetchall()}
+            # Refs whose rows were there already (or committed meanwhile): units go back.
+            back = _units(order.lines for order in batch if order.ref not in inserted)
+            with connection.cursor() as cursor:
+                for sku in sorted(back):
+                    cursor.execute(
+                        f"UPDATE {table} SET {qty_col} = {qty_col} + %s WHERE {sku_col} = %s",
+                        [back[sku], sku],
+                    )
         return inserted
 
     def put_back(self, lines: Cart) -> None:
