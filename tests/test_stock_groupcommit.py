@@ -10,6 +10,7 @@ carries every queued reservation.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -218,3 +219,41 @@ def test_a_batch_counts_each_customers_orders_together_and_refuses_past_the_cap(
     assert (refused.value.cap, refused.value.bought) == ("two-each", 2)
     assert not Reservation.objects.filter(order_ref__in=["b-3", "b-4"]).exists()
     assert Item.objects.get(code="HOT").on_hand == 8  # the refused batch took nothing
+
+
+@pytest.mark.parametrize("in_transaction", [False, True])
+def test_a_capped_batch_refused_as_a_whole_writes_nothing(in_transaction):
+    # One round trip in autocommit (the caps checked inside the statement), a statement
+    # at a time inside the caller's transaction: the same answers, nothing moved.
+    from django.db import IntegrityError, transaction
+
+    from stock_locks.exceptions import CapExceeded
+    from stock_locks.stock.table import Order, StockTable
+
+    Item.objects.create(code="HOT", title="hot", on_hand=5)
+    caps = {"two-each": {"skus": ["HOT"], "max": 2}}
+    table = StockTable()
+
+    def write(*orders: Order) -> Any:
+        scope = transaction.atomic() if in_transaction else contextlib.nullcontext()
+        with scope:
+            return table.take_and_record_many(list(orders))
+
+    with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "CAPS": caps}):
+        assert set(write(Order("w-1", {"HOT": 1}, "lua", None, "kim"))) == {"w-1"}
+        with pytest.raises(OutOfStock):  # 5 asked, 4 left
+            write(Order("w-2", {"HOT": 2}, "lua", None, "lee"),
+                  Order("w-3", {"HOT": 2}, "lua", None, "max"),
+                  Order("w-x", {"HOT": 1}, "lua", None, "ned"))  # fmt: skip
+        with pytest.raises(CapExceeded) as refused:  # kim: 1 held, 2 more asked
+            write(Order("w-4", {"HOT": 1}, "lua", None, "lee"),
+                  Order("w-5", {"HOT": 2}, "lua", None, "kim"))  # fmt: skip
+        assert (refused.value.cap, refused.value.bought) == ("two-each", 1)
+        if in_transaction:  # (a ref with a row is skipped there, its units given back)
+            assert set(write(Order("w-1", {"HOT": 1}, "lua", None, "kim"))) == set()
+        else:
+            with pytest.raises(IntegrityError):
+                write(Order("w-1", {"HOT": 1}, "lua", None, "kim"),
+                      Order("w-6", {"HOT": 1}, "lua", None, "ned"))  # fmt: skip
+    assert list(Reservation.objects.values_list("order_ref", flat=True)) == ["w-1"]
+    assert Item.objects.get(code="HOT").on_hand == 4

@@ -30,6 +30,7 @@ from .clock import server_clock_ms
 from .ledger import (
     commit_in_db,
     existing_reservation,
+    lock_caps_of,
     new_reservation,
     release_in_db,
     repeat_of,
@@ -187,6 +188,7 @@ class StockStrategy(ABC):
         expires_at = self.due(ttl_ms)
         try:
             with transaction.atomic():
+                lock_caps_of(buyer, lines)
                 take()
                 reservation = new_reservation(
                     order_ref, lines, self.name, expires_at=expires_at, buyer=buyer

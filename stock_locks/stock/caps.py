@@ -242,20 +242,31 @@ def counting_since(purchases: list[Purchase], now_ms: int) -> dt.datetime | None
     return dt.datetime.fromtimestamp(earliest / 1000, tz=dt.UTC) if earliest else None
 
 
-def count_in_database(purchases: list[Purchase], now: dt.datetime) -> None:
+def hold_caps(purchases: list[Purchase]) -> None:
+    """In the caller's transaction, before it takes any stock row: lock each (cap,
+    customer) the purchases count against until the transaction ends (:func:`_hold`).
+    Every writer locks in this order (caps, stock rows in SKU order, reservation
+    rows), so no two can deadlock."""
+    if holds := holds_of(purchases):
+        _hold(holds)
+
+
+def count_in_database(purchases: list[Purchase], now: dt.datetime, *, held: bool = False) -> None:
     """In the caller's transaction, after its stock rows were taken: count each
     purchase ``(customer, lines, its caps)`` against its customer's caps, in order,
     each with the earlier ones of the list (not inserted yet), and raise CapExceeded
     for the first that passes a max (the caller's transaction rolls back).
 
-    First each (cap, customer) is locked (:func:`_hold`): two transactions of one
-    customer count one after the other (the statement after the lock sees what the
-    other committed). Then one query reads the customers' reservations holding
-    stock in the widest window."""
+    Each (cap, customer) is locked first (:func:`hold_caps`; ``held``: the caller
+    did, before its stock rows): two transactions of one customer count one after
+    the other (the statement after the lock sees what the other committed). Then
+    one query reads the customers' reservations holding stock in the widest
+    window."""
     purchases = [p for p in purchases if p[2]]
     if not purchases:
         return
-    _hold(holds_of(purchases))
+    if not held:
+        hold_caps(purchases)
     now_ms = int(now.timestamp() * 1000)
     rows = Reservation.objects.filter(
         customer__in={customer for customer, _, _ in purchases},

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from ..exceptions import ReservationError
 from ..models import Reservation
-from .caps import NOBODY, Buyer, count_in_database
+from .caps import NOBODY, Buyer, Purchase, count_in_database, hold_caps
 from .cart import Cart
 
 
@@ -27,10 +27,11 @@ def new_reservation(
     expires_at: dt.datetime | None = None,
     buyer: Buyer = NOBODY,
 ) -> Reservation:
-    """Insert the RESERVED row (in the caller's transaction, after it took the stock
-    rows); IntegrityError if the ref exists. With caps, the buyer's are counted first
-    (CapExceeded: the caller's transaction must roll back)."""
-    count_in_database([(buyer.customer, lines, list(buyer.caps))], timezone.now())
+    """Insert the RESERVED row (in the caller's transaction, after it locked the
+    buyer's caps with :func:`lock_caps_of` and took the stock rows); IntegrityError
+    if the ref exists. With caps, the buyer's are counted first (CapExceeded: the
+    caller's transaction must roll back)."""
+    count_in_database([purchase_of(buyer, lines)], timezone.now(), held=True)
     reservation = Reservation.objects.create(
         order_ref=order_ref, lines=lines, strategy=strategy, expires_at=expires_at,
         customer=buyer.customer,
@@ -38,6 +39,18 @@ def new_reservation(
     reservation.created = True
     reservation.retries = retries
     return reservation
+
+
+def purchase_of(buyer: Buyer, lines: Cart) -> Purchase:
+    """What ``buyer`` buys with ``lines``, as the caps count it."""
+    return buyer.customer, lines, list(buyer.caps)
+
+
+def lock_caps_of(buyer: Buyer, lines: Cart) -> None:
+    """In the caller's transaction, before its stock rows: lock ``buyer``'s caps
+    (:func:`~.caps.hold_caps`; nothing without caps)."""
+    if buyer.caps:
+        hold_caps([purchase_of(buyer, lines)])
 
 
 def repeat_of(order_ref: str, lines: Cart) -> Reservation | None:

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
+from collections import Counter
 from collections.abc import Iterable
 from contextlib import nullcontext
 from typing import Any, NamedTuple, cast
 
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections, models, router, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 from django.utils import timezone
 
 from ..conf import settings
@@ -31,15 +33,17 @@ from .caps import (
     NOBODY,
     Buyer,
     Cap,
+    Purchase,
     advisory_keys,
     caps_for,
     check_purchases,
     count_in_database,
     counting_since,
+    hold_caps,
     holds_of,
 )
 from .cart import Cart, unknown_sku
-from .ledger import new_reservation
+from .ledger import lock_caps_of, new_reservation
 
 
 class Order(NamedTuple):
@@ -136,17 +140,30 @@ class StockTable:
         take their rows one by one in SKU order, so two carts cannot deadlock.
         """
         db = router.db_for_write(Reservation)
-        if len(lines) == 1 and not buyer.caps and connections[db].vendor == "postgresql":
+        connection = connections[db]
+        if len(lines) == 1 and connection.vendor == "postgresql":
             [sku] = lines
-            order = Order(order_ref, lines, strategy, expires_at)
-            inserted = self._take_and_record_in_one_statement(db, sku, [order])
-            pk, created_at = inserted[order_ref]
-            return recorded(pk, created_at, order_ref, lines, strategy, retries, expires_at, db)
+            inserted = None
+            if not buyer.caps:
+                order = Order(order_ref, lines, strategy, expires_at)
+                inserted = self._take_and_record_in_one_statement(db, sku, [order])
+            elif sends_together(connection) and not connection.in_atomic_block:
+                order = Order(order_ref, lines, strategy, expires_at, buyer.customer)
+                capped = {order_ref: list(buyer.caps)}
+                inserted = self._take_and_record_capped_in_one_round_trip(db, sku, [order], capped)
+                if order_ref not in inserted:  # (its row was committed meanwhile)
+                    raise IntegrityError(f"order ref {order_ref!r} has a reservation already")
+            if inserted is not None:
+                pk, created_at = inserted[order_ref]
+                customer = buyer.customer if buyer.caps else ""
+                return recorded(pk, created_at, order_ref, lines, strategy, retries, expires_at,
+                                db, customer)  # fmt: skip
         with transaction.atomic(using=db):
-            # The stock rows first, then the reservation's: the order of the one-statement
-            # path and of the group commit's batches. (Row first, a duplicate request
-            # writing the same ref in a batch deadlocked with it: each waited for a lock
-            # the other took first.)
+            # The caps, the stock rows, then the reservation's: the order of the
+            # one-statement path and of the group commit's batches. (Row first, a duplicate
+            # request writing the same ref in a batch deadlocked with it: each waited for a
+            # lock the other took first.)
+            lock_caps_of(buyer, lines)
             self.take_conditionally(lines)
             reservation = new_reservation(order_ref, lines, strategy, retries, expires_at, buyer)
         return reservation
@@ -196,34 +213,41 @@ class StockTable:
         guarded decrement per SKU for their sum, and their customers' purchase caps
         counted. One commit, and one wait on each hot row, for all of them.
 
-        Carts of one and the same SKU (a flash sale's) are one statement, and a ref
+        Carts of one and the same SKU (a flash sale's) are one round trip, and a ref
         that already has a row fails them all (``IntegrityError``). Other batches
-        skip such refs, and take their SKUs in SKU order before inserting rows, as
-        every other write does (no two writes can deadlock). Returns ``{order ref:
-        (id, created_at)}`` of the rows inserted. Raises :class:`OutOfStock` (or
-        :class:`InvalidQuantity`) when a SKU has less than the sum, or CapExceeded
-        when a reservation would pass a cap: nothing is written.
+        skip such refs, and lock their customers' caps, then take their SKUs in SKU
+        order, before inserting rows, as every other write does (no two writes can
+        deadlock). Returns ``{order ref: (id, created_at)}`` of the rows inserted.
+        Raises :class:`OutOfStock` (or :class:`InvalidQuantity`) when a SKU has less
+        than the sum, or CapExceeded when a reservation would pass a cap: nothing is
+        written.
         """
         db = router.db_for_write(Reservation)
         skus = {sku for order in batch for sku in order.lines}
         capped = {order.ref: caps_for(order.lines) for order in batch if order.customer}
         capped = {ref: caps for ref, caps in capped.items() if caps}
-        if len(skus) == 1 and not capped and all(len(order.lines) == 1 for order in batch):
+        one_sku = len(skus) == 1 and all(len(order.lines) == 1 for order in batch)
+        connection = connections[db]
+        if one_sku and not capped and connection.vendor == "postgresql":
             [sku] = skus
             return self._take_and_record_in_one_statement(db, sku, batch)
-        if capped and connections[db].vendor == "postgresql":
-            return self._take_and_record_pipelined(db, batch, capped)
+        if capped and sends_together(connection):
+            if one_sku and not connection.in_atomic_block:
+                [sku] = skus
+                return self._take_and_record_capped_in_one_round_trip(db, sku, batch, capped)
+            return self._take_and_record_capped(db, batch, capped)
         res, table, sku_col, qty_col = self._columns(db)
         take = (
             f"UPDATE {table} SET {qty_col} = {qty_col} - %s "
             f"WHERE {sku_col} = %s AND {qty_col} >= %s"
         )
         give = f"UPDATE {table} SET {qty_col} = {qty_col} + %s WHERE {sku_col} = %s"
-        with transaction.atomic(using=db), connections[db].cursor() as cursor:
-            # The stock rows first (in SKU order), then the reservations' rows: the order
-            # of every other write. (Rows first, a caller that stopped waiting for this
-            # batch and wrote its own row deadlocked with it: it held a stock row this
-            # batch waited for, and waited for the row this batch had inserted.)
+        with transaction.atomic(using=db), connection.cursor() as cursor:
+            # The caps, then the stock rows (in SKU order), then the reservations' rows:
+            # the order of every other write. (Rows first, a caller that stopped waiting
+            # for this batch and wrote its own row deadlocked with it: it held a stock
+            # row this batch waited for, and waited for the row this batch had inserted.)
+            hold_caps([(o.customer, o.lines, capped[o.ref]) for o in batch if o.ref in capped])
             cursor.execute(
                 f"SELECT {res['order_ref']} FROM {res['table']} WHERE {res['order_ref']} = ANY(%s)",
                 [[order.ref for order in batch]],
@@ -239,7 +263,7 @@ class StockTable:
                     raise self._refusal(sku, totals[sku], None)
             # (then the caps: CapExceeded rolls the batch back, to be written one by one)
             purchases = [(o.customer, o.lines, capped[o.ref]) for o in pending if o.ref in capped]
-            count_in_database(purchases, timezone.now())
+            count_in_database(purchases, timezone.now(), held=True)
             into, values, returning, params = _reservation_rows(res, pending)
             cursor.execute(
                 f"{into} VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING {returning}",
@@ -252,71 +276,127 @@ class StockTable:
                 cursor.execute(give, [back[sku], sku])
         return inserted
 
-    def _take_and_record_pipelined(
-        self, db: str, batch: list[Order], capped: dict[str, list[Cap]]
-    ) -> dict[str, tuple[int, dt.datetime]]:
-        """:meth:`take_and_record_many` of a capped batch on PostgreSQL: its statements
-        sent at once (psycopg's pipeline mode), in the order of every other write: the
-        stock rows (SKU order), the caps' advisory locks, the customers' reservations
-        (read after the locks: a statement sees what was committed before it ran),
-        the rows inserted. The replies are checked once they are all in; a refusal
-        rolls everything back. The hot stock row stays locked for two round trips
-        (this and the commit) where a statement at a time took six."""
-        res, table, sku_col, qty_col = self._columns(db)
-        totals = _units(order.lines for order in batch)
-        now = timezone.now()
-        now_ms = int(now.timestamp() * 1000)
-        purchases = [(o.customer, o.lines, capped[o.ref]) for o in batch if o.ref in capped]
-        held_sql = (
+    def _held_query(
+        self, res: dict[str, str], purchases: list[Purchase], now_ms: int
+    ) -> tuple[str, list[Any]]:
+        """SELECT (customer, lines, created_at) of the purchases' customers'
+        reservations holding stock in the widest window of their caps."""
+        sql = (
             f"SELECT {res['customer']}, {res['lines']}, {res['created_at']} FROM {res['table']} "
             f"WHERE {res['customer']} = ANY(%s) AND {res['status']} = ANY(%s)"
         )
-        held_params: list[Any] = [
+        params: list[Any] = [
             sorted({customer for customer, _, _ in purchases}),
             [Reservation.Status.RESERVED.value, Reservation.Status.COMMITTED.value],
         ]
         if (since := counting_since(purchases, now_ms)) is not None:
-            held_sql += f" AND {res['created_at']} >= %s"
-            held_params.append(since)
+            sql += f" AND {res['created_at']} >= %s"
+            params.append(since)
+        return sql, params
+
+    def _take_and_record_capped_in_one_round_trip(
+        self, db: str, sku: str, batch: list[Order], capped: dict[str, list[Cap]]
+    ) -> dict[str, tuple[int, dt.datetime]]:
+        """A batch of one-line carts of ``sku`` with purchase caps, on PostgreSQL in
+        autocommit: BEGIN, the caps' advisory locks, one statement and COMMIT in one
+        query string (:func:`together`). The statement, a data-modifying CTE, reads
+        the customers' reservations (after the locks: what was committed before it
+        ran), takes the units only if no (cap, customer) would pass its max, and
+        inserts the rows only if it took. The hot stock row stays locked while the
+        server runs it and commits, no client round trip in between, as without
+        caps. Nothing written: the refusal is found by the one-at-a-time checks
+        (:meth:`_refusal`, :func:`~.caps.count_in_database`)."""
+        res, table, sku_col, qty_col = self._columns(db)
+        now_ms = int(timezone.now().timestamp() * 1000)
+        purchases = [(o.customer, o.lines, capped[o.ref]) for o in batch if o.ref in capped]
+        held_sql, params = self._held_query(res, purchases, now_ms)
+        asked: Counter[tuple[str, str]] = Counter()  # units per (cap, customer)
+        caps: dict[str, Cap] = {}
+        for customer, lines, its_caps in purchases:
+            for cap in its_caps:
+                asked[(cap.name, customer)] += cap.units(lines)
+                caps[cap.name] = cap
+        limits = []
+        for (name, customer), units in sorted(asked.items()):
+            start = caps[name].window_start_ms(now_ms)
+            since = dt.datetime.fromtimestamp(start / 1000, tz=dt.UTC) if start else None
+            limits.append("(%s, %s::text[], %s::int, %s::timestamptz, %s::int)")
+            params += [customer, sorted(caps[name].skus), caps[name].max, since, units]
+        total = sum(order.lines[sku] for order in batch)
+        into, values, returning, rows = _reservation_rows(res, batch)
+        sql = (
+            f"WITH held AS ({held_sql}), "
+            f"limits(customer, skus, max, since, units) AS (VALUES {', '.join(limits)}), "
+            "over AS (SELECT 1 FROM limits l WHERE l.units + COALESCE(("
+            f"  SELECT sum(u.value::int) FROM held h, jsonb_each_text(h.{res['lines']}) u"
+            f"  WHERE h.{res['customer']} = l.customer AND u.key = ANY(l.skus)"
+            f"  AND h.{res['created_at']} >= COALESCE(l.since, '-infinity')), 0) > l.max), "
+            f"taken AS (UPDATE {table} SET {qty_col} = {qty_col} - %s "
+            f"WHERE {sku_col} = %s AND {qty_col} >= %s AND NOT EXISTS (SELECT 1 FROM over) "
+            f"RETURNING 1) "
+            f"{into} SELECT v.* FROM (VALUES {values}) AS v CROSS JOIN taken {returning}"
+        )
+        params += [total, sku, total, *rows]
+        connection = connections[db]
+        try:
+            _, _, (_, written), _ = together(connection, [
+                ("BEGIN", []),
+                (ADVISORY_LOCKS, [advisory_keys(holds_of(purchases))]),
+                (sql, params),
+                ("COMMIT", []),
+            ])  # fmt: skip
+        except Exception:
+            pg = connection.connection
+            if pg is not None and not pg.closed and pg.info.transaction_status.name != "IDLE":
+                pg.rollback()  # (a failed statement left the transaction open)
+            raise
+        inserted = {ref: (pk, created) for ref, pk, created in written}
+        if not inserted:  # nothing written: the checks one at a time say why
+            return self._take_and_record_capped(db, batch, capped)
+        return inserted
+
+    def _take_and_record_capped(
+        self, db: str, batch: list[Order], capped: dict[str, list[Cap]]
+    ) -> dict[str, tuple[int, dt.datetime]]:
+        """:meth:`take_and_record_many` of a capped batch on PostgreSQL: its statements
+        in one query string (:func:`together`), in the order of every other write: the
+        caps' advisory locks, the stock rows (SKU order), the customers' reservations
+        (read after the locks: a statement sees what was committed before it ran),
+        the rows inserted. The replies are checked once they are all in, each refusal
+        named as a write one at a time would; a refusal rolls everything back."""
+        res, table, sku_col, qty_col = self._columns(db)
+        totals = _units(order.lines for order in batch)
+        now_ms = int(timezone.now().timestamp() * 1000)
+        purchases = [(o.customer, o.lines, capped[o.ref]) for o in batch if o.ref in capped]
+        held_sql, held_params = self._held_query(res, purchases, now_ms)
         into, values, returning, rows = _reservation_rows(res, batch)
         connection = connections[db]
         with transaction.atomic(using=db):
-            connection.ensure_connection()
-            pg = connection.connection
-            with pg.pipeline():
-                existing = pg.cursor().execute(
-                    f"SELECT {res['order_ref']} FROM {res['table']} "
-                    f"WHERE {res['order_ref']} = ANY(%s)",
-                    [[order.ref for order in batch]],
-                )
-                takes = [
-                    (sku, pg.cursor().execute(
-                        f"UPDATE {table} SET {qty_col} = {qty_col} - %s "
-                        f"WHERE {sku_col} = %s AND {qty_col} >= %s",
-                        [totals[sku], sku, totals[sku]],
-                    ))
-                    for sku in sorted(totals)
-                ]  # fmt: skip
-                pg.cursor().execute(ADVISORY_LOCKS, [advisory_keys(holds_of(purchases))])
-                held = pg.cursor().execute(held_sql, held_params)
-                insert = pg.cursor().execute(
-                    f"{into} VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING "
-                    f"{returning}",
-                    rows,
-                )
-            for sku, take in takes:
-                if take.rowcount == 0:
+            replies = together(connection, [
+                (ADVISORY_LOCKS, [advisory_keys(holds_of(purchases))]),
+                (f"SELECT {res['order_ref']} FROM {res['table']} "
+                 f"WHERE {res['order_ref']} = ANY(%s)", [[order.ref for order in batch]]),
+                *((f"UPDATE {table} SET {qty_col} = {qty_col} - %s "
+                   f"WHERE {sku_col} = %s AND {qty_col} >= %s", [totals[sku], sku, totals[sku]])
+                  for sku in sorted(totals)),
+                (held_sql, held_params),
+                (f"{into} VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING "
+                 f"{returning}", rows),
+            ])  # fmt: skip
+            _, (_, existing), *takes, (_, held), (_, written) = replies
+            for sku, (taken, _) in zip(sorted(totals), takes, strict=True):
+                if taken == 0:
                     raise self._refusal(sku, totals[sku], None)
-            have_rows = {ref for (ref,) in existing.fetchall()}
+            have_rows = {ref for (ref,) in existing}
             pending = [
                 (o.customer, o.lines, capped[o.ref])
                 for o in batch
                 if o.ref in capped and o.ref not in have_rows
             ]
             # (Django has jsonb loaded as text: its fields parse it.)
-            bought = [(c, json.loads(lines), made) for c, lines, made in held.fetchall()]
+            bought = [(c, json.loads(lines), made) for c, lines, made in held]
             check_purchases(pending, bought, now_ms)
-            inserted = {ref: (pk, created) for ref, pk, created in insert.fetchall()}
+            inserted = {ref: (pk, created) for ref, pk, created in written}
             # Refs whose rows were there already (or committed meanwhile): units go back.
             back = _units(order.lines for order in batch if order.ref not in inserted)
             with connection.cursor() as cursor:
@@ -331,6 +411,38 @@ class StockTable:
         """In the caller's transaction: ``stock += qty`` per line."""
         for sku, qty in lines.items():
             self.objects.filter(**{self.sku: sku}).update(**{self.qty: models.F(self.qty) + qty})
+
+
+def together(connection: Any, statements: list[tuple[str, list[Any]]]) -> list[tuple[int, list]]:
+    """Run ``statements`` (sql, params) as one query string: one round trip, each
+    statement with its own snapshot. Per statement, (rowcount, rows). Only where
+    :func:`sends_together` (a cursor that binds parameters itself)."""
+    sql = "; ".join(statement for statement, _ in statements)
+    params = [param for _, values in statements for param in values]
+    replies = []
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        while True:
+            rows = cursor.fetchall() if cursor.description is not None else []
+            replies.append((cursor.rowcount, rows))
+            if not cursor.nextset():
+                return replies
+
+
+def sends_together(connection: Any) -> bool:
+    """Whether ``connection`` is PostgreSQL through psycopg 3 with client-side binding
+    (Django's default): several statements then go in one query, each reply read
+    back. (Server-side binding allows one statement per query; psycopg2 returns the
+    last reply only.)"""
+    if connection.vendor != "postgresql":
+        return False
+    connection.ensure_connection()
+    psycopg = sys.modules.get("psycopg")
+    return (
+        psycopg is not None
+        and isinstance(connection.connection, psycopg.Connection)
+        and issubclass(connection.connection.cursor_factory, psycopg.ClientCursor)
+    )
 
 
 def _units(carts: Iterable[Cart]) -> dict[str, int]:
