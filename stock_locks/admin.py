@@ -18,7 +18,7 @@ from django.urls import path
 
 from .dashboard import views
 from .dashboard.views import VIEW_PERMISSION
-from .models import AuditEntry, Dashboard
+from .models import AuditEntry, Dashboard, Event
 
 
 class ReadOnly:
@@ -71,3 +71,14 @@ class AuditEntryAdmin(ReadOnly, admin.ModelAdmin):
     list_filter = ("action",)
     search_fields = ("username", "target", "outcome")
     readonly_fields = ("created_at", "user", "username", "action", "target", "displaced", "outcome")
+
+
+@admin.register(Event)
+class EventAdmin(admin.ModelAdmin):
+    """Sale events behind a waiting room; a change reaches the web processes within
+    ``WAITING_ROOM_EVENT_CACHE`` seconds."""
+
+    list_display = ("name", "slug", "enabled", "start", "max_active", "admit_per_minute")
+    list_filter = ("enabled",)
+    search_fields = ("name", "slug")
+    prepopulated_fields = {"slug": ("name",)}

@@ -13,6 +13,7 @@ from .conf import settings
 from .dashboard.snapshot import deployment_figures
 from .dashboard.summary import prometheus_gauges
 from .exceptions import BackendUnavailable
+from .waitingroom.gate import status_view
 
 
 @require_GET
@@ -43,3 +44,7 @@ def _deployment_gauges() -> bytes:
     except (BackendUnavailable, DatabaseError) as exc:
         return f"# stock_locks deployment gauges unavailable: {type(exc).__name__}\n".encode()
     return prometheus_gauges(figures, processes).encode()
+
+
+# GET: a visitor's place in a waiting room, as JSON (stock_locks.waitingroom.gate).
+waiting_room_status = require_GET(status_view)
