@@ -212,6 +212,15 @@ def test_an_admitted_visitor_silent_past_session_ttl_frees_its_slot(redis_client
     assert flow.visit("a").ticket == 3  # it lost its place: a new ticket at the end
 
 
+def test_an_admitted_visitor_back_after_session_ttl_has_lost_its_slot(redis_client):
+    flow = room("late", max_active=1, session_ttl=60)
+    assert flow.visit("a").state == "admitted"
+    redis_client.zadd(flow.keys.active, {1: 0})  # silent for long; no step swept it yet
+    again = flow.visit("a")
+    assert again.ticket == 2 and again.state == "admitted"  # a new place, the free slot
+    assert flow.stats().abandoned_admitted == 1
+
+
 def test_a_silent_waiting_visitor_loses_its_place(redis_client):
     flow = room("place", queue_ttl=60)
     first = flow.visit("a", remaining=0)

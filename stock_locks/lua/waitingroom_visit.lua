@@ -36,9 +36,16 @@ local ticket = redis.call('HGET', visitors, visitor)
 if ticket and redis.call('HEXISTS', tickets, ticket) == 0 then
   ticket = nil
 end
-if ticket and redis.call('ZSCORE', active, ticket) then
+local admitted_at = ticket and redis.call('ZSCORE', active, ticket)
+if admitted_at and tonumber(admitted_at) >= now - tonumber(ARGV[11]) then
   redis.call('ZADD', active, now, ticket)
   return {2, tonumber(ticket), born, 0, 0, 0}
+end
+if admitted_at then  -- silent past session_ttl, not swept yet: the slot is lost
+  redis.call('ZREM', active, ticket)
+  redis.call('HINCRBY', state, 'abandoned_admitted', 1)
+  forget(ticket)
+  ticket = nil
 end
 if ticket then
   local seen = redis.call('ZSCORE', polled, ticket)
