@@ -11,7 +11,10 @@ client for a few seconds, with this process's CPU per call:
   ``--batch`` visitors (admitted visitors per second);
 - pass check: an admitted request's check, without Redis (the signature alone, and
   the decorator's whole path on a request carrying the pass cookie), in
-  microseconds of CPU per request; the target is under 50.
+  microseconds of CPU per request; the target is under 50;
+- ETA: a queue admitted at a steady 10 visitors/s (an admission step every 20 ms);
+  after a warm-up, visitors at several places are told their ETA, then the real
+  wait until each is admitted is measured; the target is within 20%.
 """
 
 from __future__ import annotations
@@ -23,6 +26,45 @@ import time
 from . import support
 
 TARGET_PASS_US = 50.0  # microseconds of CPU per pass check, at most
+TARGET_ETA_ERROR = 0.20  # the told ETA within this fraction of the real wait
+ETA_RATE = 10  # admissions per second in the ETA run
+ETA_STEP = 0.02  # seconds between admission steps in the ETA run
+
+
+def eta_run(warm_up: float, samples: list[int]) -> list[tuple[int, float, float]]:
+    """(places ahead, ETA told, real wait) of a visitor at each of ``samples`` places
+    ahead, told after ``warm_up`` seconds of steady admission."""
+    from stock_locks.waitingroom import RoomSpec, WaitingRoom
+
+    spec = RoomSpec(
+        slug="bench-eta", start=dt.datetime(2020, 1, 1, tzinfo=dt.UTC), max_active=10**6,
+        admit_per_minute=ETA_RATE * 60, queue_ttl=3600, session_ttl=3600,
+    )  # fmt: skip
+    room = WaitingRoom(spec)
+    room.clear()
+    count = int(warm_up * ETA_RATE) + max(samples) + 20
+    tickets = [room.visit(f"e{i}", remaining=0).ticket for i in range(count)]
+    client = room.backend.client
+    began = time.perf_counter()
+    while time.perf_counter() - began < warm_up:
+        room.admit(remaining=-1)
+        time.sleep(ETA_STEP)
+    head = int(room.stats().admitted_total)
+    told: dict[int, tuple[int, float, float]] = {}  # index -> (ahead, eta, told at)
+    for ahead in samples:
+        index = head + ahead
+        status = room.visit(f"e{index}", remaining=-1)
+        told[index] = (status.ahead or 0, status.eta or float("nan"), time.perf_counter())
+    results = []
+    while told:
+        room.admit(remaining=-1)
+        for index in list(told):
+            if client.zscore(room.keys.active, tickets[index]) is not None:
+                ahead, eta, at = told.pop(index)
+                results.append((ahead, eta, time.perf_counter() - at))
+        time.sleep(ETA_STEP)
+    room.clear()
+    return sorted(results)
 
 
 def parse_args(argv: list[str]):
@@ -97,6 +139,16 @@ def main(argv: list[str]) -> str:
             lambda: admitted_pass(request, room, "session-key"), args.seconds, batch=500
         )
         room.clear()
+        support.progress("ETA at a steady rate")
+        warm_up = 3.0 if args.quick else 12.0
+        samples = [5, 10, 20] if args.quick else [10, 20, 40, 60, 80]
+        etas = eta_run(warm_up, samples)
+    errors = [abs(eta - wait) / wait for _, eta, wait in etas]
+    worst = max(errors)
+    eta_rows = [
+        [ahead, f"{eta:.1f}", f"{wait:.1f}", f"{error:.0%}"]
+        for (ahead, eta, wait), error in zip(etas, errors, strict=True)
+    ]
     rows = [
         ["join (new visitor)", f"{joins:,.0f}", f"{join_cpu:.0f}", ""],
         ["poll (waiting visitor)", f"{polls:,.0f}", f"{poll_cpu:.0f}", ""],
@@ -111,11 +163,19 @@ def main(argv: list[str]) -> str:
     support.figure("polls_per_s", polls)
     support.figure("admissions_per_s", admit_rate)
     support.figure("pass_check_us", check_cpu)
+    support.figure("eta_worst_error", worst)
     lines.append(f"{joined:,} visitors joined; {args.seconds:g} s per measurement")
     lines.append("")
     lines.append(support.table(["call", "per second", "CPU us/call", "note"], rows))
     lines.append("")
     lines.append("A pass check makes no Redis round trip (a fresh pass of the state this "
                  "process knows).")  # fmt: skip
+    lines.append("")
+    lines.append(f"ETA at a steady {ETA_RATE} admissions/s (told after {warm_up:g} s):")
+    lines.append(support.table(["ahead", "ETA told (s)", "real wait (s)", "error"], eta_rows))
+    lines.append(
+        f"worst error {worst:.0%}, target within {TARGET_ETA_ERROR:.0%}: "
+        f"{support.verdict(worst <= TARGET_ETA_ERROR)}"
+    )
     lines.append(support.load_line(load_before))
     return "\n".join(lines)

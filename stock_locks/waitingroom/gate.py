@@ -153,7 +153,7 @@ def status_body(room: WaitingRoom, status: Status) -> dict[str, Any]:
         "ticket": status.ticket or None,
         "position": None if status.ahead is None else status.ahead + 1,
         "ahead": status.ahead,
-        "eta_seconds": status.eta,
+        "eta_seconds": None if status.eta is None else math.ceil(status.eta),
         "poll_after": math.ceil(status.poll_after),
         "prequeue": status.prequeue,
         "starts_in": math.ceil(status.starts_in) if status.starts_in else 0,

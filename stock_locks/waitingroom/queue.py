@@ -29,7 +29,6 @@ refresh during which nobody is admitted.
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 from .. import scripts
@@ -171,7 +170,7 @@ class WaitingRoom:
         """Seconds for ``ahead`` places at the measured pace (places per 1000 s), or the
         event's admission rate while nothing was measured."""
         per_second = rate_milli / 1000 if rate_milli > 0 else self.spec.admit_per_minute / 60
-        return math.ceil((ahead + 1) / per_second)
+        return max(0.1, round((ahead + 1) / per_second, 1))
 
     def admit(self, *, remaining: int | None = None) -> int:
         """One admission step (as every visit runs): the number admitted.
