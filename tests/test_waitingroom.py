@@ -360,3 +360,34 @@ def test_unknown_or_disabled_event_status_is_404(client, sale_event):
     room_events.forget()
     assert client.get("/stock-locks/waiting-room/kettles/").status_code == 404
     assert client.get("/sale/order/").status_code == 200  # off: everyone goes through
+
+
+# -- the operator's view --------------------------------------------------------------
+
+
+def test_the_dashboard_and_the_scrape_show_each_room(admin_client, sale_event):
+    from django.conf import settings
+    from django.test import Client
+    from django.urls import reverse
+
+    assert Client().get("/sale/order/").status_code == 200
+    for _ in range(2):
+        Client().get("/sale/order/", HTTP_ACCEPT="application/json")  # two wait
+    snapshot = admin_client.get(reverse("admin:stock_locks_dashboard_json")).json()
+    (row,) = snapshot["waiting_rooms"]
+    assert row["slug"] == "kettles" and row["state"] == "open"
+    assert (row["waiting"], row["admitted"], row["admitted_total"]) == (2, 1, 1)
+    page = admin_client.get(reverse("admin:stock_locks_dashboard"))
+    assert b'data-room="kettles"' in page.content
+    token = settings.STOCK_LOCKS["METRICS_TOKEN"]
+    scrape = Client().get("/stock-locks/metrics", HTTP_AUTHORIZATION=f"Bearer {token}")
+    text = scrape.content.decode()
+    assert 'stock_locks_waiting_room_waiting{event="kettles"} 2' in text
+    assert 'stock_locks_waiting_room_admitted{event="kettles"} 1' in text
+    assert 'stock_locks_waiting_room_sold_out{event="kettles"} 0' in text
+
+
+def test_admin_lists_and_adds_events(admin_client, sale_event):
+    listing = admin_client.get("/admin/stock_locks/event/")
+    assert listing.status_code == 200 and b"kettles" in listing.content
+    assert admin_client.get("/admin/stock_locks/event/add/").status_code == 200

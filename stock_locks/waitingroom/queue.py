@@ -92,6 +92,7 @@ class RoomStats(NamedTuple):
     left: int
     sold_out: bool
     tickets: int  # handed out so far
+    admitted_per_second: float  # over the last 10 to 20 s of admission steps (0: none)
 
 
 class WaitingRoom:
@@ -208,14 +209,18 @@ class WaitingRoom:
         :class:`~stock_locks.exceptions.RedisUnavailable`."""
         k = self.keys
         commands: list[tuple[Any, ...]] = [
-            ("HGETALL", k.state), ("ZCARD", k.polled), ("ZCARD", k.active),
+            ("HGETALL", k.state), ("ZCARD", k.polled), ("ZCARD", k.active), ("TIME",),
             *(("SCARD", pre) for pre in k.prequeues),
         ]  # fmt: skip
         replies = self.backend.run(_pipeline(commands, k.state))
         state = {_text(key): int(float(value)) for key, value in replies[0].items()}
+        seconds, micros = (int(part) for part in replies[3])
+        now_ms = seconds * 1000 + micros // 1000
+        since = now_ms - state.get("m_t0", now_ms)
+        rate = (state.get("admitted", 0) - state.get("m_a0", 0)) * 1000 / since if since else 0.0
         return RoomStats(
             waiting=int(replies[1]),
-            prequeued=sum(int(count) for count in replies[3:]),
+            prequeued=sum(int(count) for count in replies[4:]),
             admitted=int(replies[2]),
             admitted_total=state.get("admitted", 0),
             abandoned_waiting=state.get("abandoned_waiting", 0),
@@ -223,6 +228,7 @@ class WaitingRoom:
             left=state.get("left", 0),
             sold_out=bool(state.get("sold_out", 0)),
             tickets=state.get("seq", 0),
+            admitted_per_second=round(rate, 2),
         )
 
     def clear(self) -> None:

@@ -6,8 +6,9 @@
 -- KEYS[1] state hash: born (ms the room's state was made), hold_until (ms), opened
 --         (1 once the pre-queue was drawn), seq (last ticket), pushed<i>/popped<i>
 --         (places handed out / taken off lane i), tokens + refill_at (the admission
---         bucket), advanced (places taken off every lane), m_t0/m_n0/m_t1/m_n1 (the
---         rate meter: two window starts and `advanced` then), admitted, abandoned_waiting,
+--         bucket), advanced (places taken off every lane), m_t0/m_n0/m_a0 and m_t1/m_n1/
+--         m_a1 (the rate meter: two window starts, `advanced` and `admitted` then),
+--         admitted, abandoned_waiting,
 --         abandoned_admitted, left, sold_out (counters and flags for operators)
 -- KEYS[2] visitors hash: visitor id -> ticket
 -- KEYS[3] tickets hash: ticket -> "<lane>:<place>:<visitor id>" (place 0: pre-queued)
@@ -127,11 +128,14 @@ local function step(start, max_active, per_minute, factor, remaining, queue_ttl_
   if dropped > 0 then
     redis.call('HINCRBY', state, 'abandoned_waiting', dropped)
   end
-  local meter = redis.call('HMGET', state, 'm_t1', 'm_n1')
+  local total = redis.call('HGET', state, 'admitted')
+  local meter = redis.call('HMGET', state, 'm_t1', 'm_n1', 'm_a1')
   if not meter[1] then
-    redis.call('HSET', state, 'm_t0', now, 'm_n0', advanced - pops, 'm_t1', now, 'm_n1', advanced - pops)
+    redis.call('HSET', state, 'm_t0', now, 'm_n0', advanced - pops, 'm_a0', total - admitted,
+               'm_t1', now, 'm_n1', advanced - pops, 'm_a1', total - admitted)
   elseif now - tonumber(meter[1]) >= 10000 then
-    redis.call('HSET', state, 'm_t0', meter[1], 'm_n0', meter[2], 'm_t1', now, 'm_n1', advanced)
+    redis.call('HSET', state, 'm_t0', meter[1], 'm_n0', meter[2], 'm_a0', meter[3],
+               'm_t1', now, 'm_n1', advanced, 'm_a1', total)
   end
   return admitted
 end
