@@ -391,3 +391,33 @@ def test_admin_lists_and_adds_events(admin_client, sale_event):
     listing = admin_client.get("/admin/stock_locks/event/")
     assert listing.status_code == 200 and b"kettles" in listing.content
     assert admin_client.get("/admin/stock_locks/event/add/").status_code == 200
+
+
+def test_the_admin_refuses_an_event_the_room_could_not_read(admin_client, db):
+    form = {
+        "name": "Bad", "slug": "bad", "enabled": "on", "start_0": "2026-11-27",
+        "start_1": "09:00:00", "max_active": 10, "admit_per_minute": 60, "stock_factor": 1,
+        "lanes": '["guests", "guests"]', "skus": "[]", "queue_ttl": 60, "session_ttl": 600,
+    }  # fmt: skip
+    refused = admin_client.post("/admin/stock_locks/event/add/", form)
+    assert refused.status_code == 200 and b"lanes must be distinct" in refused.content
+    assert not Event.objects.exists()
+    form["lanes"] = '["members", "guests"]'
+    assert admin_client.post("/admin/stock_locks/event/add/", form).status_code == 302
+    assert Event.objects.get().lanes == ["members", "guests"]
+
+
+def test_a_guest_admitted_keeps_its_pass_through_a_login_and_release_frees_the_slot(
+    client, sale_event, django_user_model
+):
+    from django.test import Client
+
+    assert client.get("/sale/order/").status_code == 200  # admitted as a guest
+    user = django_user_model.objects.create_user("alice", password="pw")
+    client.force_login(user)  # a new session key, the same session data
+    assert client.get("/sale/order/").status_code == 200  # the pass still holds
+    other = Client()
+    assert other.get("/sale/order/", HTTP_ACCEPT="application/json").status_code == 429
+    assert client.post("/sale/paid/").status_code == 200  # leaves by the pass's ticket
+    assert room_events.room_for("kettles").stats().admitted == 0
+    assert other.get("/sale/order/", HTTP_ACCEPT="application/json").status_code == 200

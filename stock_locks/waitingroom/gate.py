@@ -15,16 +15,18 @@ status endpoint.
 - Redis unavailable: 503 with ``Retry-After`` and a message; the view does not run.
 
 A visitor is its user (``user:<pk>``) when authenticated, else its session
-(``session:<key>``, a session is created when it has none). The lane is
+(``guest:<id>``, a random id kept in the session, made on its first visit). The lane is
 ``lane(request)`` when given, else the first lane for authenticated users and
 the last for guests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -41,21 +43,27 @@ from .queue import Status, WaitingRoom
 
 LaneOf = Callable[[HttpRequest], "str | None"]
 TEMPLATE = "stock_locks/waitingroom/waiting.html"
+SESSION_FIELD = "stock_locks.waitingroom"  # the session's binding (visitor_of)
 
 
 def visitor_of(request: HttpRequest) -> tuple[str, str]:
-    """(visitor id, session key) of ``request``; saves a new session when it has none.
-    Raises ImproperlyConfigured without Django's session middleware."""
+    """(visitor id, session binding) of ``request``.
+
+    The binding is a random id kept in the visitor's session (made on its first
+    visit): passes are bound to it. It survives a login (Django changes the session
+    key then, and keeps the data), so a guest admitted who logs in to pay keeps its
+    pass; a logout (the session flushed) ends it. Raises ImproperlyConfigured without
+    Django's session middleware."""
     session = getattr(request, "session", None)
     if session is None:
         raise ImproperlyConfigured("the waiting room needs SessionMiddleware")
-    if session.session_key is None:
-        session.save()
-    key = str(session.session_key)
+    binding = session.get(SESSION_FIELD)
+    if not isinstance(binding, str) or not binding:
+        binding = session[SESSION_FIELD] = secrets.token_urlsafe(16)
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
-        return f"user:{user.pk}", key
-    return f"session:{key}", key
+        return f"user:{user.pk}", binding
+    return f"guest:{binding}", binding
 
 
 def default_lane(room: WaitingRoom, request: HttpRequest) -> str:
@@ -69,24 +77,29 @@ def cookie_name(event: str) -> str:
     return f"{settings.WAITING_ROOM_COOKIE_PREFIX}{event}"
 
 
-def admitted_pass(request: HttpRequest, room: WaitingRoom, session_key: str) -> str | None:
+def presented_pass(request: HttpRequest, event: str) -> str | None:
+    """The pass ``request`` carries for ``event`` (the header first, then the cookie)."""
+    return request.headers.get(settings.WAITING_ROOM_PASS_HEADER) or request.COOKIES.get(
+        cookie_name(event)
+    )
+
+
+def admitted_pass(request: HttpRequest, room: WaitingRoom, binding: str) -> str | None:
     """The pass to answer with when ``request`` is admitted by the one it carries: the
     same (still fresh), a renewed one, or None (none, refused, or its slot is gone).
     Blocking only to renew: raises :class:`~stock_locks.exceptions.RedisUnavailable`."""
     slug = room.spec.slug
-    token = request.headers.get(settings.WAITING_ROOM_PASS_HEADER) or request.COOKIES.get(
-        cookie_name(slug)
-    )
+    token = presented_pass(request, slug)
     if not token:
         return None
     try:
-        admission = check_pass(token, slug, session_key, room.spec.session_ttl)
+        admission = check_pass(token, slug, binding, room.spec.session_ttl)
     except InvalidPass:
         return None
     if admission.age() < room.pass_refresh() and admission.born == room.known_born():
         return token
     if room.touch(admission.ticket, admission.born):
-        return issue_pass(slug, session_key, admission.ticket, admission.born)
+        return issue_pass(slug, binding, admission.ticket, admission.born)
     return None
 
 
@@ -105,14 +118,14 @@ def waiting_room(event: str, *, lane: LaneOf | None = None) -> Callable[[Any], A
             if not room.spec.enabled:
                 return view(request, *args, **kwargs)
             try:
-                visitor, session_key = visitor_of(request)
-                token = admitted_pass(request, room, session_key)
+                visitor, binding = visitor_of(request)
+                token = admitted_pass(request, room, binding)
                 status = None
                 if token is None:
                     chosen = lane(request) if lane else default_lane(room, request)
                     status = room.visit(visitor, lane=chosen)
                     if status.state == "admitted":
-                        token = issue_pass(event, session_key, status.ticket, status.born)
+                        token = issue_pass(event, binding, status.ticket, status.born)
             except BackendUnavailable as exc:
                 return unavailable_response(event, exc)
             if token is None:
@@ -196,8 +209,8 @@ def status_view(request: HttpRequest, event: str) -> HttpResponse:
     if not room.spec.enabled:
         raise Http404(f"the waiting room {event!r} is off")
     try:
-        visitor, session_key = visitor_of(request)
-        token = admitted_pass(request, room, session_key)
+        visitor, binding = visitor_of(request)
+        token = admitted_pass(request, room, binding)
         if token is not None:
             return with_pass(JsonResponse({"event": event, "state": "admitted", "pass": token}),
                              room, token)  # fmt: skip
@@ -206,7 +219,7 @@ def status_view(request: HttpRequest, event: str) -> HttpResponse:
         return unavailable_response(event, exc)
     body = status_body(room, status)
     if status.state == "admitted":
-        token = issue_pass(event, session_key, status.ticket, status.born)
+        token = issue_pass(event, binding, status.ticket, status.born)
         return with_pass(JsonResponse({**body, "pass": token}), room, token)
     return JsonResponse(body, headers={"Retry-After": str(body["poll_after"])})
 
@@ -217,6 +230,11 @@ def release_admission(request: HttpRequest, event: str, response: HttpResponse) 
     Blocking: one round trip; raises
     :class:`~stock_locks.exceptions.RedisUnavailable`."""
     room = room_for(event)
-    visitor, _ = visitor_of(request)
+    visitor, binding = visitor_of(request)
     response.delete_cookie(cookie_name(event))
-    return room.leave(visitor)
+    token = presented_pass(request, event)
+    ticket = None
+    if token:
+        with contextlib.suppress(InvalidPass):  # (then by the visitor id alone)
+            ticket = check_pass(token, event, binding, room.spec.session_ttl).ticket
+    return room.leave(visitor, ticket=ticket)

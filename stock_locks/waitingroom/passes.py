@@ -2,8 +2,9 @@
 
 A pass is ``"<ticket>.<born>.<issued>"`` signed with :class:`django.core.signing.Signer`
 (HMAC-SHA256 with ``SECRET_KEY``) under a salt naming the event and the visitor's
-session key: a pass copied to another session, or made for another event, fails
-the signature like a forged one. ``issued`` (Unix seconds) is inside the signed
+session binding (a random id kept in its session, :func:`~.gate.visitor_of`): a pass
+copied to another session, or made for another event, fails the signature like a
+forged one. ``issued`` (Unix seconds) is inside the signed
 value, so its age cannot be changed. A request presenting a pass younger than
 the room's pass refresh goes through at the cost of one HMAC; an older one (up to
 ``session_ttl``) is renewed in Redis (:meth:`~.queue.WaitingRoom.touch`), which
@@ -36,17 +37,17 @@ class AdmissionPass(NamedTuple):
         return (time.time() if now is None else now) - self.issued
 
 
-def _signer(event: str, session_key: str) -> signing.Signer:
-    return signing.Signer(salt=f"{SALT}:{event}:{session_key}")
+def _signer(event: str, binding: str) -> signing.Signer:
+    return signing.Signer(salt=f"{SALT}:{event}:{binding}")
 
 
-def issue_pass(event: str, session_key: str, ticket: int, born: int) -> str:
-    """A pass admitting ``ticket`` of ``event`` to the session ``session_key``."""
-    return _signer(event, session_key).sign(f"{ticket}.{born}.{int(time.time())}")
+def issue_pass(event: str, binding: str, ticket: int, born: int) -> str:
+    """A pass admitting ``ticket`` of ``event`` to the session whose binding is ``binding``."""
+    return _signer(event, binding).sign(f"{ticket}.{born}.{int(time.time())}")
 
 
-def check_pass(token: str, event: str, session_key: str, max_age: float) -> AdmissionPass:
-    """The pass ``token`` read for ``event`` and ``session_key``: no round trip.
+def check_pass(token: str, event: str, binding: str, max_age: float) -> AdmissionPass:
+    """The pass ``token`` read for ``event`` and the session ``binding``: no round trip.
 
     Raises :class:`~stock_locks.exceptions.InvalidPass` (reason "forged": a bad
     signature, another event or another session; "malformed") or
@@ -54,7 +55,7 @@ def check_pass(token: str, event: str, session_key: str, max_age: float) -> Admi
     or issued in the future).
     """
     try:
-        value = _signer(event, session_key).unsign(token)
+        value = _signer(event, binding).unsign(token)
     except signing.BadSignature:
         raise InvalidPass(f"admission pass refused for event {event!r}", event=event) from None
     try:

@@ -196,13 +196,16 @@ class WaitingRoom:
             self._saw(born)
         return held
 
-    def leave(self, visitor: str) -> bool:
+    def leave(self, visitor: str, *, ticket: int | None = None) -> bool:
         """``visitor`` leaves (its order is paid, or it gives up): its slot, or its place,
-        is free at once. Whether it had one. Blocking: one round trip; safe to
-        repeat. Raises :class:`~stock_locks.exceptions.RedisUnavailable`."""
+        is free at once. ``ticket``: the ticket its pass names, which leaves even when
+        the visitor's id changed since (a guest who logged in). Whether it had a slot
+        or a place. Blocking: one round trip; safe to repeat. Raises
+        :class:`~stock_locks.exceptions.RedisUnavailable`."""
         k = self.keys
         keys = [k.state, k.visitors, k.tickets, k.polled, k.active]
-        return bool(self.backend.run(script(scripts.WAITINGROOM_LEAVE, keys, [visitor])))
+        argv = [visitor, "" if ticket is None else ticket]
+        return bool(self.backend.run(script(scripts.WAITINGROOM_LEAVE, keys, argv)))
 
     def stats(self) -> RoomStats:
         """The room's figures now. Blocking: one round trip. Raises

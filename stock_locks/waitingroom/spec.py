@@ -63,8 +63,11 @@ class RoomSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not self.lanes or len(set(self.lanes)) != len(self.lanes):
+        lanes_ok = all(isinstance(lane, str) and lane for lane in self.lanes)
+        if not self.lanes or not lanes_ok or len(set(self.lanes)) != len(self.lanes):
             raise ValueError(f"lanes must be distinct names, at least one: {self.lanes!r}")
+        if not all(isinstance(sku, str) and sku for sku in self.skus):
+            raise ValueError(f"skus must be SKU strings: {self.skus!r}")
         if not self.stock_factor > 0:
             raise ValueError(f"stock_factor must be above 0, got {self.stock_factor!r}")
         if not (self.queue_ttl > 0 and self.session_ttl > 0):
