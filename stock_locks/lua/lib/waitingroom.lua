@@ -131,8 +131,9 @@ local function step(start, max_active, per_minute, factor, remaining, queue_ttl_
   local total = redis.call('HGET', state, 'admitted')
   local meter = redis.call('HMGET', state, 'm_t1', 'm_n1', 'm_a1')
   if not meter[1] then
-    redis.call('HSET', state, 'm_t0', now, 'm_n0', advanced - pops, 'm_a0', total - admitted,
-               'm_t1', now, 'm_n1', advanced - pops, 'm_a1', total - admitted)
+    -- (From after this first step: its burst, a full bucket's worth, is no steady pace.)
+    redis.call('HSET', state, 'm_t0', now, 'm_n0', advanced, 'm_a0', total,
+               'm_t1', now, 'm_n1', advanced, 'm_a1', total)
   elseif now - tonumber(meter[1]) >= 10000 then
     redis.call('HSET', state, 'm_t0', meter[1], 'm_n0', meter[2], 'm_a0', meter[3],
                'm_t1', now, 'm_n1', advanced, 'm_a1', total)
