@@ -297,11 +297,12 @@ class WaitingRoomKeys(NamedTuple):
     active: str  # zset: admitted ticket -> last request (ms, Redis clock)
     lanes: tuple[str, ...]  # one list of tickets per lane, highest priority first
     prequeues: tuple[str, ...]  # one set of tickets per lane, joined before the start
+    log: str  # list: the latest tickets admitted, oldest first
 
     def script_keys(self) -> list[str]:
         """The KEYS of the visit and admit scripts, in their order."""
         return [self.state, self.visitors, self.tickets, self.polled, self.active,
-                *self.lanes, *self.prequeues]  # fmt: skip
+                *self.lanes, *self.prequeues, self.log]  # fmt: skip
 
 
 def waiting_room_keys(event: str, lanes: int) -> WaitingRoomKeys:
@@ -310,5 +311,5 @@ def waiting_room_keys(event: str, lanes: int) -> WaitingRoomKeys:
     return WaitingRoomKeys(
         f"{base}:state", f"{base}:visitors", f"{base}:tickets", f"{base}:polled",
         f"{base}:active", tuple(f"{base}:lane:{i}" for i in range(1, lanes + 1)),
-        tuple(f"{base}:pre:{i}" for i in range(1, lanes + 1)),
+        tuple(f"{base}:pre:{i}" for i in range(1, lanes + 1)), f"{base}:log",
     )  # fmt: skip

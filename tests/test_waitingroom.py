@@ -87,6 +87,7 @@ def test_fifo_per_lane_across_processes(redis_client):
     assert [int(t) for t in redis_client.lrange(keys.lanes[1], 0, -1)] == guests
     # Admission: every member before any guest, each lane in arrival order.
     assert _admit_one_by_one("fifo") == members + guests
+    assert room("fifo").admitted_log() == members + guests
 
 
 def test_position_counts_own_lane_and_the_lanes_above():

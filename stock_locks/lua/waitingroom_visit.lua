@@ -2,7 +2,8 @@
 -- step, then where it stands.
 --
 -- KEYS as in lib/waitingroom.lua (state, visitors, tickets, polled, active, the
--- lanes' lists, the lanes' pre-queue sets), all under the event's hash tag.
+-- lanes' lists, the lanes' pre-queue sets, the admission log), all under the event's
+-- hash tag.
 -- ARGV[1] visitor id     ARGV[2] its lane (1-based)     ARGV[3] 1: join when it has
 --         no place; 0: only look
 -- ARGV[4] pre-queue opens (ms)   ARGV[5] the sale starts (ms)   ARGV[6] max active

@@ -234,6 +234,13 @@ class WaitingRoom:
             admitted_per_second=round(rate, 2),
         )
 
+    def admitted_log(self) -> list[int]:
+        """The tickets admitted, in the order they were (the latest 10,000). Blocking: one
+        round trip. Raises :class:`~stock_locks.exceptions.RedisUnavailable`."""
+        log = self.keys.log
+        replies = self.backend.run(_pipeline([("LRANGE", log, 0, -1)], log))
+        return [int(ticket) for ticket in replies[0]]
+
     def clear(self) -> None:
         """Forget the room's Redis state (every place and slot): after the sale, or to
         run it again. Blocking: one round trip."""

@@ -16,9 +16,12 @@
 -- KEYS[5] active zset: admitted ticket -> its last request (ms)
 -- KEYS[6..n+5] each lane's list of tickets, first lane first (the highest priority)
 -- KEYS[n+6..2n+5] each lane's pre-queue set
+-- KEYS[2n+6] the admission log: a list of the latest tickets admitted, oldest first
 -- Every key carries the event's hash tag (stock_locks/keys.py, WaitingRoomKeys).
 local state, visitors, tickets, polled, active = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local lanes = (#KEYS - 5) / 2
+local lanes = (#KEYS - 6) / 2
+local admission_log = KEYS[#KEYS]
+local LOG_SIZE = 10000  -- tickets the admission log keeps
 
 -- The ticket's visitor no longer has a place: its records go (its list entry, if any,
 -- is skipped when it reaches the head).
@@ -112,6 +115,7 @@ local function step(start, max_active, per_minute, factor, remaining, queue_ttl_
       end
       if seen and tonumber(seen) >= now - queue_ttl_ms then
         redis.call('ZADD', active, now, ticket)
+        redis.call('RPUSH', admission_log, ticket)
         admitted = admitted + 1
         tokens = tokens - 1
       else
@@ -121,6 +125,9 @@ local function step(start, max_active, per_minute, factor, remaining, queue_ttl_
         forget(ticket)
       end
     end
+  end
+  if admitted > 0 then
+    redis.call('LTRIM', admission_log, -LOG_SIZE, -1)
   end
   redis.call('HSET', state, 'tokens', tokens, 'refill_at', now)
   local advanced = redis.call('HINCRBY', state, 'advanced', pops)
