@@ -29,6 +29,7 @@ refresh during which nobody is admitted.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from .. import scripts
@@ -109,6 +110,17 @@ class WaitingRoom:
         """Seconds an admission pass is taken without asking Redis after it is issued."""
         return min(settings.WAITING_ROOM_PASS_REFRESH, self.spec.session_ttl / 3)
 
+    def fresh_below(self) -> int:
+        """Below this many units left, they are read for every call, not reused for
+        ``WAITING_ROOM_STOCK_INTERVAL``: what the room may let in within one interval
+        (a room-full, a bucket, the interval's admissions) could take them all, and a
+        reused figure would admit visitors to units already gone."""
+        spec = self.spec
+        per_second = spec.admit_per_minute / 60
+        bucket = max(1, math.ceil(per_second))
+        within = spec.max_active + bucket + per_second * settings.WAITING_ROOM_STOCK_INTERVAL
+        return math.ceil(within / spec.stock_factor)
+
     def known_born(self) -> int | None:
         """The room state (its ``born``, ms) this process saw last; None before any call."""
         return _born_seen.get(self.spec.slug)
@@ -119,7 +131,7 @@ class WaitingRoom:
 
     def _limits(self, remaining: int | None) -> list[Any]:
         spec = self.spec
-        left = units_left(spec.skus) if remaining is None else remaining
+        left = units_left(spec.skus, self.fresh_below()) if remaining is None else remaining
         hold = int(self.pass_refresh() * 1000) if spec.slug in _born_seen else 0
         return [
             spec.start_ms, spec.max_active, spec.admit_per_minute, repr(spec.stock_factor),

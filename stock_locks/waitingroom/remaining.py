@@ -9,6 +9,9 @@ loaded yet, or a database strategy, asks the strategy (``available``: the
 database). Between two reads a process may use a figure up to the interval old:
 the room may admit a few visitors more than the units left times the factor for
 that long, or reopen that much later; it never sells anything (the strategies do).
+Near the end (fewer units left than the room may let in within one interval:
+:meth:`~.queue.WaitingRoom.fresh_below`) it is read on every call, so that
+visitors are not admitted to units already gone.
 """
 
 from __future__ import annotations
@@ -25,19 +28,21 @@ _cache: dict[tuple[str, ...], tuple[int, float]] = {}  # skus -> (units left, re
 _lock = threading.Lock()
 
 
-def units_left(skus: tuple[str, ...]) -> int:
+def units_left(skus: tuple[str, ...], fresh_below: int = 0) -> int:
     """The units left of ``skus`` together (-1 when there are none: no stock limit).
 
     Blocking: one round trip to Redis (or the strategy's query) when the figure
-    this process holds is older than the interval. Raises
-    :class:`~stock_locks.exceptions.RedisUnavailable` when Redis did not answer.
+    this process holds is older than the interval, or is below ``fresh_below`` (the
+    end of a sale, when a stale figure would admit visitors to nothing: it is read
+    each time then). Raises :class:`~stock_locks.exceptions.RedisUnavailable` when
+    Redis did not answer.
     """
     if not skus:
         return -1
     interval = settings.WAITING_ROOM_STOCK_INTERVAL
     now = time.monotonic()
     held = _cache.get(skus)
-    if held is not None and now - held[1] < interval:
+    if held is not None and now - held[1] < interval and held[0] >= fresh_below:
         return held[0]
     left = _read(skus)
     with _lock:
