@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 
 from .dashboard import views
 from .dashboard.views import VIEW_PERMISSION
-from .models import AuditEntry, Dashboard
+from .models import AuditEntry, Dashboard, Event
+from .waitingroom.spec import spec_of
 
 
 class ReadOnly:
@@ -71,3 +73,37 @@ class AuditEntryAdmin(ReadOnly, admin.ModelAdmin):
     list_filter = ("action",)
     search_fields = ("username", "target", "outcome")
     readonly_fields = ("created_at", "user", "username", "action", "target", "displaced", "outcome")
+
+
+class EventForm(forms.ModelForm):
+    """An event's fields, checked as the waiting room will read them."""
+
+    class Meta:
+        model = Event
+        fields = [
+            "name", "slug", "enabled", "prequeue_opens", "start", "max_active",
+            "admit_per_minute", "stock_factor", "lanes", "skus", "queue_ttl", "session_ttl",
+        ]  # fmt: skip
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if not self.errors:
+            values = {name: data.get(name) for name in self._meta.fields or ()}
+            try:
+                spec_of(Event(**values))
+            except (TypeError, ValueError) as exc:
+                raise forms.ValidationError(str(exc)) from None
+        return data
+
+
+@admin.register(Event)
+class EventAdmin(admin.ModelAdmin):
+    """Sale events behind a waiting room; a change reaches the web processes within
+    ``WAITING_ROOM_EVENT_CACHE`` seconds."""
+
+    form = EventForm
+
+    list_display = ("name", "slug", "enabled", "start", "max_active", "admit_per_minute")
+    list_filter = ("enabled",)
+    search_fields = ("name", "slug")
+    prepopulated_fields = {"slug": ("name",)}

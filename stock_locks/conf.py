@@ -155,6 +155,22 @@ DEFAULTS: dict[str, Any] = {
     # The module of each installed app that holds its delay-queue handlers
     # (@stock_locks.delayqueue.handler); imported when Django is ready. "" = off.
     "DELAY_QUEUE_HANDLERS_MODULE": "delay_handlers",
+    # Waiting rooms (stock_locks.waitingroom): how long a process reuses an Event row
+    # and the units left of its SKUs before reading them again, seconds (0: every
+    # request reads them). An admission pass is taken without a round trip for
+    # WAITING_ROOM_PASS_REFRESH seconds after it was issued (capped at a third of the
+    # event's session_ttl), then renewed in Redis; a room whose Redis state was lost
+    # admits nobody for that long (passes issued before the loss lapse first). One step
+    # takes at most WAITING_ROOM_MAX_POPS entries off the lanes (abandoned ones
+    # included), which bounds the time a step holds Redis.
+    "WAITING_ROOM_EVENT_CACHE": 5.0,
+    "WAITING_ROOM_STOCK_INTERVAL": 0.25,
+    "WAITING_ROOM_PASS_REFRESH": 30.0,
+    "WAITING_ROOM_MAX_POPS": 1000,
+    # Where a waiting room's admission pass travels: a cookie per event named
+    # "<prefix><slug>" and, for API clients, a request header.
+    "WAITING_ROOM_COOKIE_PREFIX": "sl_wr_",
+    "WAITING_ROOM_PASS_HEADER": "X-Waiting-Room-Pass",
 }
 
 

@@ -156,3 +156,28 @@ class InvalidQuantity(StockLocksError, ValueError):
     def __init__(self, message: str, *, sku: str | None = None) -> None:
         super().__init__(message)
         self.sku = sku
+
+
+class WaitingRoomError(StockLocksError):
+    """A waiting room was used wrongly or refused a request. ``event`` is its slug."""
+
+    def __init__(self, message: str, *, event: str | None = None) -> None:
+        super().__init__(message)
+        self.event = event
+
+
+class UnknownEvent(WaitingRoomError, LookupError):
+    """No sale event has this slug (a configuration error, not a visitor's)."""
+
+
+class InvalidPass(WaitingRoomError):
+    """An admission pass was refused: forged, made for another event or another
+    session, or unreadable. ``reason`` says which ("forged", "malformed")."""
+
+    def __init__(self, message: str, *, event: str | None = None, reason: str = "forged"):
+        super().__init__(message, event=event)
+        self.reason = reason
+
+
+class ExpiredPass(InvalidPass):
+    """An admission pass older than its event's ``session_ttl``: the visitor queues again."""

@@ -284,3 +284,32 @@ def delay_queue_keys(name: str) -> DelayQueueKeys:
         f"{base}:due", f"{base}:items", f"{base}:attempts", f"{base}:errors",
         f"{base}:inflight", f"{base}:dead", f"{base}:signal",
     )  # fmt: skip
+
+
+class WaitingRoomKeys(NamedTuple):
+    """The keys of one waiting room (one sale event), all under the event's hash tag;
+    their contents are described in ``stock_locks/lua/lib/waitingroom.lua``."""
+
+    state: str  # hash: born, counters per lane, the admission bucket, the rate meter
+    visitors: str  # hash: visitor id -> ticket
+    tickets: str  # hash: ticket -> "<lane>:<place>:<visitor id>"
+    polled: str  # zset: waiting ticket -> last poll (ms, Redis clock)
+    active: str  # zset: admitted ticket -> last request (ms, Redis clock)
+    lanes: tuple[str, ...]  # one list of tickets per lane, highest priority first
+    prequeues: tuple[str, ...]  # one set of tickets per lane, joined before the start
+    log: str  # list: the latest tickets admitted, oldest first
+
+    def script_keys(self) -> list[str]:
+        """The KEYS of the visit and admit scripts, in their order."""
+        return [self.state, self.visitors, self.tickets, self.polled, self.active,
+                *self.lanes, *self.prequeues, self.log]  # fmt: skip
+
+
+def waiting_room_keys(event: str, lanes: int) -> WaitingRoomKeys:
+    """The keys of the waiting room of ``event`` (its slug) with ``lanes`` lanes."""
+    base = f"{settings.key_prefix()}:wr:{{{_checked(event, 'waiting room')}}}"
+    return WaitingRoomKeys(
+        f"{base}:state", f"{base}:visitors", f"{base}:tickets", f"{base}:polled",
+        f"{base}:active", tuple(f"{base}:lane:{i}" for i in range(1, lanes + 1)),
+        tuple(f"{base}:pre:{i}" for i in range(1, lanes + 1)), f"{base}:log",
+    )  # fmt: skip

@@ -115,3 +115,54 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.username} {self.action} {self.target}"
+
+
+def _default_lanes() -> list[str]:
+    return ["members", "guests"]
+
+
+class Event(models.Model):
+    """A sale behind a waiting room (stock_locks.waitingroom): when it starts, how many
+    visitors are let in and how fast, in which lanes, for which SKUs."""
+
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=100, unique=True, help_text="Its name in URLs and keys.")
+    enabled = models.BooleanField(
+        default=True, help_text="Off: every request goes through, nobody waits."
+    )
+    prequeue_opens = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When visitors may start to queue (empty: any time).",
+    )  # fmt: skip
+    start = models.DateTimeField(
+        help_text="When admission begins; earlier arrivals are shuffled then."
+    )
+    max_active = models.PositiveIntegerField(
+        default=100, help_text="Most visitors admitted at once."
+    )
+    admit_per_minute = models.PositiveIntegerField(
+        default=600, help_text="Most admissions per minute."
+    )
+    stock_factor = models.FloatField(
+        default=1.0, help_text="Never more admitted at once than the units left times this."
+    )
+    lanes = models.JSONField(
+        default=_default_lanes, help_text="Lane names, highest priority first."
+    )
+    skus = models.JSONField(
+        default=list, blank=True,
+        help_text="SKUs on sale: sold out closes the room (empty: never).",
+    )  # fmt: skip
+    queue_ttl = models.PositiveIntegerField(
+        default=60, help_text="Seconds a waiting visitor keeps its place without polling."
+    )
+    session_ttl = models.PositiveIntegerField(
+        default=600, help_text="Seconds an admitted visitor keeps its slot without a request."
+    )
+
+    class Meta:
+        ordering = ["-start"]
+        verbose_name = "waiting-room event"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.slug})"

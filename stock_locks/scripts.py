@@ -72,6 +72,10 @@ FAIR_ACQUIRE = load("fair_acquire")
 FAIR_RELEASE = load("fair_release")
 REGISTRY_TOUCH = load("registry_touch")
 REGISTRY_READ = load("registry_read")
+WAITINGROOM_VISIT = load("waitingroom_visit")
+WAITINGROOM_ADMIT = load("waitingroom_admit")
+WAITINGROOM_TOUCH = load("waitingroom_touch")
+WAITINGROOM_LEAVE = load("waitingroom_leave")
 
 
 METRICS_FLUSH = load("metrics_flush")

@@ -13,6 +13,9 @@ from .conf import settings
 from .dashboard.snapshot import deployment_figures
 from .dashboard.summary import prometheus_gauges
 from .exceptions import BackendUnavailable
+from .waitingroom.gate import status_view
+from .waitingroom.operator import prometheus_gauges as room_gauges
+from .waitingroom.operator import room_rows
 
 
 @require_GET
@@ -42,4 +45,18 @@ def _deployment_gauges() -> bytes:
         figures, processes = deployment_figures()
     except (BackendUnavailable, DatabaseError) as exc:
         return f"# stock_locks deployment gauges unavailable: {type(exc).__name__}\n".encode()
-    return prometheus_gauges(figures, processes).encode()
+    return prometheus_gauges(figures, processes).encode() + _waiting_room_gauges()
+
+
+def _waiting_room_gauges() -> bytes:
+    """The waiting rooms' figures per event (none without events; a comment when Redis
+    or the database cannot answer)."""
+    try:
+        rows = room_rows()
+    except (BackendUnavailable, DatabaseError) as exc:
+        return f"# stock_locks waiting-room gauges unavailable: {type(exc).__name__}\n".encode()
+    return room_gauges(rows).encode() if rows else b""
+
+
+# GET: a visitor's place in a waiting room, as JSON (stock_locks.waitingroom.gate).
+waiting_room_status = require_GET(status_view)

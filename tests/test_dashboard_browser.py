@@ -220,7 +220,8 @@ def holder() -> Iterator[tuple[int, object]]:
 
 @pytest.fixture
 def other_sections(redis_client) -> Iterator[None]:
-    """A semaphore holder, a delay queue with a dead letter, and a drifting SKU."""
+    """A semaphore holder, a delay queue with a dead letter, a drifting SKU, and a
+    waiting room."""
     from stock_locks import DelayQueue, Semaphore
     from stock_locks.keys import StockKeys
     from tests.inventory.models import Item
@@ -233,6 +234,21 @@ def other_sections(redis_client) -> Iterator[None]:
     ]:
         Item.objects.create(code=code, title=title, on_hand=on_hand)
         redis_client.set(keys.counter(code), counter)
+
+    # A waiting room closed by sold out, three visitors in it (no admission: its figures
+    # stay as they are between the page and the script's refresh).
+    import datetime as dt
+
+    from stock_locks.models import Event
+    from stock_locks.waitingroom import WaitingRoom
+    from stock_locks.waitingroom.spec import spec_of
+
+    event = Event.objects.create(
+        name="Kettle sale", slug="kettle-sale", max_active=2,
+        start=dt.datetime(2020, 1, 1, tzinfo=dt.UTC),
+    )  # fmt: skip
+    for visitor in ("a", "b", "c"):
+        WaitingRoom(spec_of(event)).visit(visitor, remaining=0)
 
     # A sale under way: units paid for, some held, some refused (the summary and the charts).
     from stock_locks import metrics
@@ -287,6 +303,9 @@ def expect_every_section(page: Page, pid: int, fence: str) -> None:
     expect(semaphore).to_contain_text("tests.export_orders")
     expect(semaphore.get_by_role("link", name="Evict")).to_be_visible()
     expect(page.locator('#sl-queues tr[data-queue="default"]')).to_have_count(1)
+    room = page.locator('#sl-rooms tr[data-room="kettle-sale"]')
+    expect(room.locator("td").nth(1)).to_have_text("sold out")
+    expect(room.locator("td").nth(2)).to_have_text("3")
     dead = page.locator("#sl-dead tr[data-dead]")
     expect(dead).to_contain_text("shop.no_such_task")
     expect(dead.get_by_role("link", name="Requeue")).to_be_visible()

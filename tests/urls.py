@@ -9,6 +9,7 @@ from django.urls import include, path
 from django.views import View
 
 from stock_locks import lock_model, locked
+from stock_locks.waitingroom import release_admission, waiting_room
 from tests.inventory.models import Item
 
 
@@ -62,3 +63,19 @@ urlpatterns = [
     path("asgi/", include("tests.asgi_views")),  # tests/test_aio_asgi.py (uvicorn)
     path("stock-locks/", include("stock_locks.urls")),
 ]
+
+
+# tests/test_waitingroom.py: a sale's order view behind a waiting room, and the payment
+# that frees the slot.
+@waiting_room("kettles")
+def sale_order(request):
+    return JsonResponse({"ordered": True})
+
+
+def sale_paid(request):
+    response = JsonResponse({"released": True})
+    release_admission(request, "kettles", response)
+    return response
+
+
+urlpatterns += [path("sale/order/", sale_order), path("sale/paid/", sale_paid)]

@@ -11,4 +11,5 @@ urlpatterns = [
     path("api/orders/<int:order_id>/", views.order_detail, name="order"),
     path("api/orders/<int:order_id>/pay/", views.pay, name="pay"),
     path("api/orders/<int:order_id>/cancel/", views.cancel, name="cancel"),
+    path("api/sale/order/", views.sale_order, name="sale_order"),
 ]

@@ -9,6 +9,9 @@ POST /api/orders/                   {"items": [{"sku": "TEA", "qty": 1}]}
 GET  /api/orders/<id>/              the order
 POST /api/orders/<id>/pay/          200 paid | 409 cancelled or expired
 POST /api/orders/<id>/cancel/       200 cancelled, stock back | 409 paid
+POST /api/sale/order/               one unit of the flash sale's SKU, behind the waiting room
+                                    (flash_queue.py): 201 order | 429 waiting (JSON: place,
+                                    ETA) | 409 sold out | 503 Redis down
 
 The stock strategy is the server's (settings SHOP_STRATEGY, SHOP_SKU_STRATEGIES);
 a body naming one is a 400 unless the demo-only SHOP_STRATEGY_FROM_REQUEST is on
@@ -24,6 +27,7 @@ session ("session:<key>", created on the first order). A cart past a cap is a
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 from django.conf import settings
@@ -44,7 +48,9 @@ from stock_locks.exceptions import (
     StaleFencingToken,
 )
 from stock_locks.stock import strategy_names
+from stock_locks.waitingroom import release_admission, room_for, waiting_room
 
+from .flash_queue import LANES, SALE_EVENT
 from .models import Order, Product
 from .services import (
     BadRequest,
@@ -201,3 +207,29 @@ def _transition(order_id: int, action) -> JsonResponse:
         return error(423, "locked", str(exc), lock=exc.name)
     except BackendUnavailable as exc:  # (the one "did not answer" error, cause chained)
         return unavailable(exc)
+
+
+def sale_lane(request: HttpRequest) -> str | None:
+    """The lane a buyer of the demo's flash sale claims (header X-Demo-Lane). Demo only:
+    a real shop puts its signed-in members in the first lane (the default)."""
+    lane = request.headers.get("X-Demo-Lane")
+    return lane if lane in LANES else None
+
+
+@csrf_exempt
+@require_POST
+@waiting_room(SALE_EVENT, lane=sale_lane)
+def sale_order(request: HttpRequest) -> JsonResponse:
+    """One unit of the flash sale's SKU for an admitted buyer, who then leaves the
+    waiting room (its slot goes to the next at once), ordered or not."""
+    sku = room_for(SALE_EVENT).spec.skus[0]
+    try:
+        order, _ = place_order({sku: 1}, default_strategy(), customer=customer_of(request))
+        response = JsonResponse(order.as_dict(), status=201)
+    except OutOfStock as exc:
+        response = error(409, "out_of_stock", str(exc), sku=exc.sku, available=exc.available)
+    except BackendUnavailable as exc:
+        return unavailable(exc)
+    with contextlib.suppress(BackendUnavailable):  # (else its slot lapses after session_ttl)
+        release_admission(request, SALE_EVENT, response)
+    return response

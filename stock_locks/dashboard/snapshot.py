@@ -40,6 +40,7 @@ from ..metrics import CAPPED
 from ..stock.caps import configured_caps, top_buyers
 from ..stock.progress import sold_since
 from ..stock.reconcile import stock_report
+from ..waitingroom.operator import room_rows
 from .charts import dashboard_charts
 from .summary import heartbeats, summary
 from .timeline import Timeline, recent
@@ -338,4 +339,5 @@ def snapshot(
             "delay_queues": queues,
             "stock": stock_table,
             "caps": purchase_caps(),
+            "waiting_rooms": room_rows(),
         }  # fmt: skip

@@ -136,6 +136,22 @@
     );
   }
 
+  function roomRow(room) {
+    return el(
+      "tr",
+      { "data-room": room.slug },
+      cell(`${room.name} (${room.slug})`),
+      cell(room.state),
+      cell(room.waiting, "num"),
+      cell(room.prequeued, "num"),
+      cell(`${room.admitted} / ${room.max_active}`, "num"),
+      cell(Number(room.admitted_per_second).toFixed(1), "num"),
+      cell(room.admitted_total, "num"),
+      cell(room.abandoned, "num"),
+      cell(room.left, "num"),
+    );
+  }
+
   function deadLetterRows(queues) {
     const rows = [];
     for (const queue of queues) {
@@ -242,6 +258,9 @@
       "No semaphore permit is held.");
     fill("sl-queues", snapshot.delay_queues.map(queueRow), 6, "No delay queue.");
     fill("sl-dead", deadLetterRows(snapshot.delay_queues), 6 + actionColumn, "No dead letters.");
+    if (document.getElementById("sl-rooms")) {
+      fill("sl-rooms", snapshot.waiting_rooms.map(roomRow), 9, "No waiting-room event.");
+    }
     const stock = snapshot.stock;
     document.getElementById("sl-drifting").textContent = String(stock.drifting);
     fill("sl-stock", stock.rows.map(stockRow), 8,

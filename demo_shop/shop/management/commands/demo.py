@@ -24,6 +24,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 import demo_shop
+from demo_shop.shop.flash_queue import SALE_EVENT, report_lines, run_sale
 from demo_shop.shop.models import Order, Product
 from demo_shop.shop.plot import flash_sale_png
 from demo_shop.shop.services import pay_order, place_order
@@ -42,7 +43,8 @@ class Command(BaseCommand):
     help = (
         "Seed the shop, start it and a Celery worker with beat, run a flash sale over HTTP "
         "with every stock strategy (oversell_stress), show unpaid orders expiring and their "
-        "stock selling again, then keep the shop and admin running until Ctrl-C."
+        "stock selling again, run a flash sale through the waiting room, then keep the shop "
+        "and admin running until Ctrl-C."
     )
 
     def add_arguments(self, parser):
@@ -58,8 +60,16 @@ class Command(BaseCommand):
             help="gunicorn worker processes (default: 2 per CPU, at most 8)",
         )  # fmt: skip
         parser.add_argument("--threads", type=int, default=4, help="threads per worker (4)")
+        parser.add_argument(
+            "--sale-buyers", type=int, default=200,
+            help="buyers of the flash sale through the waiting room (200)",
+        )  # fmt: skip
+        parser.add_argument("--sale-stock", type=int, default=50, help="units of that sale (50)")
 
-    def handle(self, *args, port, stock, buyers, processes, no_serve, workers, threads, **options):
+    def handle(
+        self, *args, port, stock, buyers, processes, no_serve, workers, threads, sale_buyers,
+        sale_stock, **options,
+    ):  # fmt: skip
         signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop: clean up like Ctrl-C
         call_command("seed_shop", stdout=self.stdout)
         base = f"http://127.0.0.1:{port}"
@@ -106,6 +116,7 @@ class Command(BaseCommand):
             )
             self._plot(getattr(stress, "results", []), buyers, processes, workers, threads)
             self._expiry_scene()
+            self._waiting_room_scene(base, sale_buyers, sale_stock)
             if failed or no_serve:
                 if failed:
                     raise failed
@@ -177,6 +188,26 @@ class Command(BaseCommand):
             say(f"  buyer 1, who paid for one, tries a second: refused, {exc}")
         order, _ = place_order({"KETTLE": 1}, "lua", customer=customer(6))
         say(f"  buyer 6 tries again: order {order.pk} reserved from the returned stock")
+
+    def _waiting_room_scene(self, base: str, buyers: int, stock: int) -> None:
+        max_active, per_minute = 5, 300
+        self.stdout.write(
+            f"\nA flash sale through the waiting room: {buyers} buyers arrive at once for "
+            f"{stock} toasters (POST /api/sale/order/); at most {max_active} shop at once, "
+            f"{per_minute} let in per minute, one in four in the members' lane; each buyer "
+            "asks again every 0.2 s until it is let in, orders, and leaves the room (the "
+            "first few arrivals go straight in, before a queue forms; then members first):"
+        )
+        report = run_sale(base, buyers, stock, max_active=max_active,
+                          admit_per_minute=per_minute)  # fmt: skip
+        for line in report_lines(report):
+            self.stdout.write(line)
+        if report.oversold or not all(report.in_order.values()):
+            raise CommandError("the waiting room's sale oversold or broke the arrival order")
+        self.stdout.write(
+            f"  the room's page: {base}/api/sale/order/ (behind it: a waiting page that "
+            f"refreshes itself); its status: {base}/stock-locks/waiting-room/{SALE_EVENT}/"
+        )
 
 
 def _interrupt(signum: int, frame: object) -> None:
