@@ -13,6 +13,7 @@ import random
 import time
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.core import signing
 from django.test import override_settings
 
@@ -331,6 +332,31 @@ def test_others_wait_on_a_page_or_get_a_429(client, sale_event, django_user_mode
     assert body["eta_seconds"] > 0 and body["poll_after"] >= 1
     status = browser.get("/stock-locks/waiting-room/kettles/")
     assert status.status_code == 200 and status.json()["ahead"] == 0
+
+
+def test_an_async_view_waits_behind_the_room_the_same_way(sale_event):
+    from django.test import AsyncClient, Client
+
+    admitted = Client()
+    assert admitted.get("/sale/order-async/").json() == {"ordered": True, "async": True}
+    waiting = AsyncClient()
+    page = async_to_sync(waiting.get)("/sale/order-async/", headers={"Accept": "application/json"})
+    assert page.status_code == 429 and page.json()["state"] == "waiting"
+    token = admitted.get("/sale/order/")[sl_settings.WAITING_ROOM_PASS_HEADER]
+    again = admitted.get("/sale/order-async/", HTTP_X_WAITING_ROOM_PASS=token)
+    assert again.status_code == 200 and again[sl_settings.WAITING_ROOM_PASS_HEADER]
+
+
+def test_the_status_endpoint_tells_a_place_and_never_joins(client, sale_event):
+    from django.test import Client
+
+    status = client.get("/stock-locks/waiting-room/kettles/")
+    assert status.status_code == 200 and status.json()["state"] == "unknown"
+    assert room_events.room_for("kettles").stats().admitted == 0  # nobody joined
+    assert client.get("/sale/order/").status_code == 200  # joins there, admitted
+    waiting = Client()
+    waiting.get("/sale/order/", HTTP_ACCEPT="application/json")
+    assert waiting.get("/stock-locks/waiting-room/kettles/").json()["state"] == "waiting"
 
 
 def test_an_other_sessions_pass_is_refused(client, sale_event):

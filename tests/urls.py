@@ -78,4 +78,13 @@ def sale_paid(request):
     return response
 
 
-urlpatterns += [path("sale/order/", sale_order), path("sale/paid/", sale_paid)]
+@waiting_room("kettles")
+async def sale_order_async(request):
+    return JsonResponse({"ordered": True, "async": True})
+
+
+urlpatterns += [
+    path("sale/order/", sale_order),
+    path("sale/order-async/", sale_order_async),
+    path("sale/paid/", sale_paid),
+]

@@ -30,6 +30,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -106,37 +107,56 @@ def admitted_pass(request: HttpRequest, room: WaitingRoom, binding: str) -> str 
 def waiting_room(event: str, *, lane: LaneOf | None = None) -> Callable[[Any], Any]:
     """Put the view behind the waiting room of the event with slug ``event`` (see the
     module's docstring for what it answers). ``lane``: picks a visitor's lane by name.
-    Plain (sync) views only; the event is read when a request comes."""
+    Sync and async views; the event is read when a request comes. For an async view
+    the room's step runs in Django's thread for sync code (``sync_to_async``: it
+    reads the session and may block on Redis)."""
 
-    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.iscoroutinefunction(view):
-            raise TypeError("@waiting_room does not wrap async views yet")
+
+            @functools.wraps(view)
+            async def aguarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+                room, token, refusal = await sync_to_async(gate)(request, event, lane)
+                if refusal is not None:
+                    return refusal
+                response = await view(request, *args, **kwargs)
+                return response if token is None else with_pass(response, room, token)
+
+            return aguarded
 
         @functools.wraps(view)
         def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            room = room_for(event)
-            if not room.spec.enabled:
-                return view(request, *args, **kwargs)
-            try:
-                visitor, binding = visitor_of(request)
-                token = admitted_pass(request, room, binding)
-                status = None
-                if token is None:
-                    chosen = lane(request) if lane else default_lane(room, request)
-                    status = room.visit(visitor, lane=chosen)
-                    if status.state == "admitted":
-                        token = issue_pass(event, binding, status.ticket, status.born)
-            except BackendUnavailable as exc:
-                return unavailable_response(event, exc)
-            if token is None:
-                assert status is not None
-                return waiting_response(request, room, status)
+            room, token, refusal = gate(request, event, lane)
+            if refusal is not None:
+                return refusal
             response = view(request, *args, **kwargs)
-            return with_pass(response, room, token)
+            return response if token is None else with_pass(response, room, token)
 
         return guarded
 
     return decorate
+
+
+def gate(
+    request: HttpRequest, event: str, lane: LaneOf | None
+) -> tuple[WaitingRoom, str | None, HttpResponse | None]:
+    """(room, the pass to answer with, the answer instead of the view): the view runs
+    when the third is None (with the pass, or a room that is off: no pass)."""
+    room = room_for(event)
+    if not room.spec.enabled:
+        return room, None, None
+    try:
+        visitor, binding = visitor_of(request)
+        token = admitted_pass(request, room, binding)
+        if token is not None:
+            return room, token, None
+        chosen = lane(request) if lane else default_lane(room, request)
+        status = room.visit(visitor, lane=chosen)
+    except BackendUnavailable as exc:
+        return room, None, unavailable_response(event, exc)
+    if status.state == "admitted":
+        return room, issue_pass(event, binding, status.ticket, status.born), None
+    return room, None, waiting_response(request, room, status)
 
 
 def with_pass(response: HttpResponse, room: WaitingRoom, token: str) -> HttpResponse:
@@ -199,9 +219,11 @@ def unavailable_response(event: str, exc: BaseException) -> HttpResponse:
 
 
 def status_view(request: HttpRequest, event: str) -> HttpResponse:
-    """JSON: the visitor's place in the room of ``event`` (joining it if it has none),
-    or its admission (with a pass, as a cookie and in the body). 404 for an unknown
-    or disabled event, 503 when Redis is unavailable."""
+    """JSON: the visitor's place in the room of ``event``, or its admission (with a
+    pass, as a cookie and in the body); state ``unknown`` when it has no place (a
+    GET does not join: a visitor joins at a view behind :func:`waiting_room`). A
+    poll keeps the place and runs an admission step. 404 for an unknown or
+    disabled event, 503 when Redis is unavailable."""
     try:
         room = room_for(event)
     except LookupError:
@@ -214,7 +236,7 @@ def status_view(request: HttpRequest, event: str) -> HttpResponse:
         if token is not None:
             return with_pass(JsonResponse({"event": event, "state": "admitted", "pass": token}),
                              room, token)  # fmt: skip
-        status = room.visit(visitor, lane=default_lane(room, request))
+        status = room.visit(visitor, lane=default_lane(room, request), join=False)
     except BackendUnavailable as exc:
         return unavailable_response(event, exc)
     body = status_body(room, status)
