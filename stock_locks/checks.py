@@ -19,7 +19,7 @@ from .backends.redis import RedisBackend
 from .backends.redis.client import get_redis, names_its_redis
 from .backends.redis.transport import on_own_connection
 from .conf import DEFAULTS, settings
-from .stock.caps import parse_caps
+from .stock.caps import parse_cap_window, parse_caps
 
 TAG = "stock_locks"
 
@@ -110,6 +110,31 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         parse_caps(settings.CAPS)
     except ValueError as exc:
         errors.append(checks.Error(f"STOCK_LOCKS['CAPS']: {exc}.", id=E003))
+    errors.extend(_check_cap_field())
+    return errors
+
+
+def _check_cap_field() -> list[checks.CheckMessage]:
+    """STOCK_CAP_FIELD names an integer field of the stock model; the window parses."""
+    field = settings.STOCK_CAP_FIELD
+    if not field:
+        return []
+    errors: list[checks.CheckMessage] = []
+    try:
+        parse_cap_window(settings.STOCK_CAP_WINDOW)
+    except ValueError as exc:
+        errors.append(checks.Error(f"STOCK_LOCKS['STOCK_CAP_WINDOW']: {exc}.", id=E003))
+    try:
+        model = apps.get_model(settings.STOCK_MODEL)
+        kind = model._meta.get_field(field).get_internal_type()
+    except (LookupError, ValueError, TypeError, FieldDoesNotExist) as exc:
+        return [*errors, checks.Error(f"STOCK_LOCKS['STOCK_CAP_FIELD'] = {field!r}: {exc}.",
+                                      id=E003)]  # fmt: skip
+    if "Integer" not in kind:
+        errors.append(checks.Error(
+            f"STOCK_LOCKS['STOCK_CAP_FIELD'] = {field!r} is a {kind}: an integer field "
+            "(NULL for no cap) is needed.", id=E003,
+        ))  # fmt: skip
     return errors
 
 

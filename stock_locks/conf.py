@@ -93,6 +93,13 @@ DEFAULTS: dict[str, Any] = {
     # (a rolling window; optional), "since": ISO 8601 (optional)}}
     # (stock_locks.stock.caps).
     "CAPS": {},
+    # Per-SKU caps on the stock model: the name of its integer field holding "at most
+    # N per customer" (NULL: none; "": off), counted over STOCK_CAP_WINDOW ({"period":
+    # s, "since": ISO 8601}, both optional: empty is for ever), read from the database
+    # again every STOCK_CAP_REFRESH seconds per process.
+    "STOCK_CAP_FIELD": "",
+    "STOCK_CAP_WINDOW": {},
+    "STOCK_CAP_REFRESH": 5.0,
     # Largest cart: lines per reservation, and units per line.
     "MAX_CART_LINES": 50,
     "MAX_LINE_QUANTITY": 1000,

@@ -132,6 +132,77 @@ def test_a_cap_from_an_event_start_counts_nothing_bought_before_it():
             lua.reserve("e-2", {"CAP-TV": 1}, customer="ed")
 
 
+@contextmanager
+def model_caps(**extra: object) -> Iterator[None]:
+    """Caps read from the stock model's ``per_customer`` (read again at every reserve)."""
+    stock_locks = {**settings.STOCK_LOCKS, "STOCK_CAP_FIELD": "per_customer",
+                   "STOCK_CAP_REFRESH": 0, **extra}  # fmt: skip
+    with override_settings(STOCK_LOCKS=stock_locks):
+        yield
+
+
+@pytest.mark.parametrize("name", strategy_names())
+def test_a_cap_set_on_the_stock_model_holds_in_every_strategy(name):
+    Item.objects.create(code="CAP-MUG", title="mug", on_hand=10, per_customer=1)
+    Item.objects.create(code="CAP-SPOON", title="spoon", on_hand=10)  # NULL: no cap
+    strategy = get_strategy(name)
+    with model_caps():
+        strategy.reserve("m-1", {"CAP-MUG": 1}, customer="ann")
+        with pytest.raises(CapExceeded) as refused:
+            strategy.reserve("m-2", {"CAP-MUG": 1, "CAP-SPOON": 1}, customer="ann")
+        assert (refused.value.cap, refused.value.limit, refused.value.bought) == (
+            "sku.CAP-MUG", 1, 1,
+        )  # fmt: skip
+        strategy.reserve("m-3", {"CAP-SPOON": 3}, customer="ann")  # uncapped
+        strategy.reserve("m-4", {"CAP-MUG": 1}, customer="bob")
+        Item.objects.filter(code="CAP-MUG").update(per_customer=2)  # an edit: in force
+        strategy.reserve("m-5", {"CAP-MUG": 1}, customer="ann")
+        with pytest.raises(CapExceeded):
+            strategy.reserve("m-6", {"CAP-MUG": 1}, customer="ann")
+    assert units_of("ann") == 2  # the mugs: an uncapped cart names no customer
+    assert Item.objects.get(code="CAP-MUG").on_hand == 7
+
+
+def test_the_stock_models_caps_count_over_their_window_and_on_the_event_loop():
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    Item.objects.create(code="CAP-MUG", title="mug", on_hand=10, per_customer=1)
+    lua = get_strategy("lua")
+    lua.reserve("w-0", {"CAP-MUG": 1}, customer="cy")  # before the window
+    since = (dt.datetime.now(dt.UTC) + dt.timedelta(milliseconds=5)).isoformat()
+    wait_until(lambda: dt.datetime.now(dt.UTC).isoformat() > since, what="the window")
+
+    async def sale() -> list:
+        outcomes = []
+        for ref in ["w-1", "w-2"]:
+            try:
+                await lua.areserve(ref, {"CAP-MUG": 1}, customer="cy")
+                outcomes.append("reserved")
+            except CapExceeded:
+                outcomes.append("capped")
+        await sync_to_async(connections.close_all)()
+        return outcomes
+
+    with model_caps(STOCK_CAP_WINDOW={"since": since}):
+        assert asyncio.run(sale()) == ["reserved", "capped"]
+
+
+@pytest.mark.parametrize(
+    "field, window, complaint",
+    [("nope", {}, "nope"), ("title", {}, "integer field"), ("per_customer", {"per": 3}, "WINDOW")],
+)
+def test_a_bad_stock_model_cap_setting_is_a_check_error(field, window, complaint):
+    stock_locks = {**settings.STOCK_LOCKS, "STOCK_CAP_FIELD": field, "STOCK_CAP_WINDOW": window}
+    with (
+        override_settings(STOCK_LOCKS=stock_locks),
+        pytest.raises(SystemCheckError, match=complaint),
+    ):
+        call_command("check")
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -37,7 +37,7 @@ from ..exceptions import BackendUnavailable
 from ..holder import LockInfo
 from ..keys import DELAY_QUEUES, SEMAPHORES, lock_keys, semaphore_keys
 from ..metrics import CAPPED
-from ..stock.caps import configured_caps, top_buyers
+from ..stock.caps import MODEL_CAP_PREFIX, configured_caps, top_buyers
 from ..stock.progress import sold_since
 from ..stock.reconcile import stock_report
 from ..waitingroom.operator import room_rows
@@ -256,13 +256,19 @@ def stock(
 
 
 TOP_BUYERS = 5  # customers shown per cap
+MODEL_CAPS_SHOWN = 20  # per-SKU caps of the stock model shown (their top buyers are a query each)
 
 
 def purchase_caps() -> list[dict[str, Any]]:
     """Each configured cap: its SKUs, max per customer, window, and the customers
     holding the most units under it now (reservations holding stock)."""
     rows = []
-    for cap in configured_caps().values():
+    caps = list(configured_caps().values())
+    per_sku = [cap for cap in caps if cap.name.startswith(MODEL_CAP_PREFIX)]
+    if len(per_sku) > MODEL_CAPS_SHOWN:  # (a query each: the first ones, by name)
+        hidden = {cap.name for cap in per_sku[MODEL_CAPS_SHOWN:]}
+        caps = [cap for cap in caps if cap.name not in hidden]
+    for cap in caps:
         window = "for ever"
         if cap.since and cap.period:
             window = f"{cap.period} s rolling, from {cap.since.isoformat()}"

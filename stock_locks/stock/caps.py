@@ -8,6 +8,11 @@ A cap is named in ``STOCK_LOCKS["CAPS"]``::
         "black-friday": {"skus": ["TV"], "max": 1, "since": "2026-11-27T00:00:00Z"},
     }
 
+or set per SKU on the stock model: ``STOCK_LOCKS["STOCK_CAP_FIELD"]`` names an
+integer field of it (NULL: no cap), counted over ``STOCK_CAP_WINDOW`` (a dict
+with ``period`` and/or ``since``, as above; empty: for ever). Such a cap is
+named ``sku.<SKU>`` and read again every ``STOCK_CAP_REFRESH`` seconds.
+
 A customer's units under a cap are the units of the cap's SKUs in their
 reservations that hold stock (RESERVED or COMMITTED: paid units count, released
 or expired ones do not), made at or after the window's start: ``since`` (an
@@ -18,9 +23,10 @@ chooses (a verified e-mail, a session); a cart touching a capped SKU without
 one is refused (:class:`~stock_locks.exceptions.CustomerRequired`).
 
 Where it is decided: the database is the system of record. Every strategy's
-database step takes the stock rows, then locks one row per (cap, customer)
-(:class:`~stock_locks.models.CapHold`, in cap-name order, so two carts never
-deadlock), counts the customer's units in the window and refuses with
+database step first locks each (cap, customer) it counts against (PostgreSQL:
+advisory locks; elsewhere a :class:`~stock_locks.models.CapHold` row), then
+takes the stock rows in SKU order (so two writes never deadlock), counts the
+customer's units in the window and refuses with
 :class:`~stock_locks.exceptions.CapExceeded` in the same transaction that
 takes the stock and inserts the reservation: all or nothing. ``lua`` and
 ``watch`` also keep each customer's units per cap in Redis (a hash order ref
@@ -33,11 +39,13 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from django.apps import apps
 from django.db import connections, router
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -126,27 +134,96 @@ def parse_caps(raw: Any) -> dict[str, Cap]:
     return caps
 
 
-_parsed: tuple[int, dict[str, Cap]] | None = None
+MODEL_CAP_PREFIX = "sku."  # a per-SKU cap read from the stock model: "sku.<SKU>"
+
+
+class CapBook:
+    """The caps in force: ``STOCK_LOCKS["CAPS"]`` and the per-SKU caps of the stock
+    model's ``STOCK_CAP_FIELD``, by name and by SKU."""
+
+    def __init__(self, caps: dict[str, Cap]) -> None:
+        self.caps = dict(sorted(caps.items()))
+        self.by_sku: dict[str, list[Cap]] = {}
+        for cap in self.caps.values():  # (by name: the order of their locks)
+            for sku in cap.skus:
+                self.by_sku.setdefault(sku, []).append(cap)
+
+    def caps_for(self, lines: Iterable[str]) -> list[Cap]:
+        touched = {cap.name: cap for sku in lines for cap in self.by_sku.get(sku, ())}
+        return [touched[name] for name in sorted(touched)]
+
+
+_settings_caps: tuple[int, dict[str, Cap]] | None = None
+_model_caps: tuple[float, tuple[Any, ...], dict[str, Cap]] | None = None  # (read at, key, caps)
+_book: tuple[tuple[int, int], CapBook] | None = None
+
+
+def model_caps() -> dict[str, Cap]:
+    """The stock model's per-SKU caps (``STOCK_CAP_FIELD``: a row's "at most N per
+    customer", NULL for none), over ``STOCK_CAP_WINDOW``; read from the database at
+    most every ``STOCK_CAP_REFRESH`` seconds per process (an edit takes effect
+    within that). {} when the setting is empty."""
+    global _model_caps
+    field = settings.STOCK_CAP_FIELD
+    if not field:
+        return {}
+    key = (field, settings.STOCK_MODEL, repr(settings.STOCK_CAP_WINDOW))
+    now = time.monotonic()
+    if (
+        _model_caps is not None
+        and _model_caps[1] == key
+        and now - _model_caps[0] < settings.STOCK_CAP_REFRESH
+    ):
+        return _model_caps[2]
+    model = apps.get_model(settings.STOCK_MODEL)
+    window = parse_cap_window(settings.STOCK_CAP_WINDOW)
+    rows = model._default_manager.exclude(**{f"{field}__isnull": True}).values_list(
+        settings.STOCK_SKU_FIELD, field
+    )
+    caps = {}
+    for sku, most in rows:
+        name = f"{MODEL_CAP_PREFIX}{sku}"
+        caps[name] = Cap(name, frozenset([sku]), max(0, int(most)), window.period, window.since)
+    _model_caps = (now, key, caps)
+    return caps
+
+
+def parse_cap_window(raw: Any) -> Cap:
+    """``STOCK_CAP_WINDOW`` ({"period": s, "since": ISO 8601}, both optional) as a
+    template cap; ValueError naming what is wrong."""
+    if not isinstance(raw, Mapping) or set(raw) - {"period", "since"}:
+        raise ValueError(f"STOCK_CAP_WINDOW takes 'period' and 'since' only, got {raw!r}")
+    return parse_caps({"window": {"skus": ["-"], "max": 0, **raw}})["window"]
+
+
+def cap_book() -> CapBook:
+    """The caps in force (parsed once per value of ``CAPS``; the model's every
+    ``STOCK_CAP_REFRESH`` seconds)."""
+    global _settings_caps, _book
+    raw = settings.CAPS
+    if _settings_caps is None or _settings_caps[0] != id(raw):
+        _settings_caps = (id(raw), parse_caps(raw))
+    from_model = model_caps()
+    key = (id(_settings_caps[1]), id(from_model))
+    if _book is None or _book[0] != key:
+        _book = (key, CapBook({**from_model, **_settings_caps[1]}))
+    return _book[1]
 
 
 def configured_caps() -> dict[str, Cap]:
-    """The configured caps by name (parsed once per value of the setting)."""
-    global _parsed
-    raw = settings.CAPS
-    if _parsed is None or _parsed[0] != id(raw):
-        _parsed = (id(raw), parse_caps(raw))
-    return _parsed[1]
+    """The caps in force by name (``CAPS`` and the stock model's, see :func:`cap_book`)."""
+    return cap_book().caps
 
 
 def caps_for(lines: Iterable[str]) -> list[Cap]:
     """The caps that touch any SKU of ``lines``, by name (the order of their locks)."""
-    skus = set(lines)
-    return [cap for name, cap in sorted(configured_caps().items()) if cap.skus & skus]
+    return cap_book().caps_for(lines)
 
 
 def buyer_of(customer: Any, lines: Cart) -> Buyer:
-    """The customer as text with the caps of ``lines``; raises CustomerRequired when a
-    line is capped and no customer was named, InvalidQuantity for a bad one."""
+    """The customer as text with the caps of ``lines`` (nobody when no line is capped:
+    an uncapped reservation names no customer); raises CustomerRequired when a line
+    is capped and no customer was named, InvalidQuantity for a bad one."""
     caps = tuple(caps_for(lines))
     if customer is None or customer == "":
         if caps:
@@ -163,7 +240,7 @@ def buyer_of(customer: Any, lines: Cart) -> Buyer:
         raise InvalidQuantity(
             f"customer {text[:40]!r}: at most {MAX_CUSTOMER_LENGTH} characters, no braces"
         )
-    return Buyer(text, caps)
+    return Buyer(text, caps) if caps else Buyer()  # (no cap: nothing to count it against)
 
 
 def exceeded(cap: Cap, lines: Mapping[str, int], bought: int) -> CapExceeded:
@@ -320,7 +397,8 @@ class Held:
 def held_under_caps() -> list[Held]:
     """Every reservation with a customer that holds stock and counts under a configured
     cap in that cap's window now, once per such cap (one query)."""
-    caps = list(configured_caps().values())
+    book = cap_book()
+    caps = list(book.caps.values())
     if not caps:
         return []
     now_ms = int(timezone.now().timestamp() * 1000)
@@ -334,7 +412,7 @@ def held_under_caps() -> list[Held]:
         "order_ref", "lines", "customer", "status", "strategy", "created_at"
     ).iterator():
         made = int(created_at.timestamp() * 1000)
-        for cap in caps:
+        for cap in book.caps_for(lines):
             units = cap.units(lines)
             if units and made >= cap.window_start_ms(now_ms):
                 held.append(Held(cap, customer, ref, units, made, status, strategy))

@@ -18,6 +18,7 @@ from asgiref.sync import sync_to_async
 
 from .. import scripts
 from ..backends.redis.requests import Blocking, Command, Requests, script
+from ..conf import settings
 from ..exceptions import OutOfStock, RedisUnavailable, StockLocksError
 from ..models import Reservation
 from . import groupcommit
@@ -130,7 +131,10 @@ class LuaStrategy(RedisStockStrategy):
         refusal, most of a flash sale, never leaves it), the database half in
         Django's thread for sync code (``sync_to_async``: ``atomic`` is sync)."""
         ref, lines, ttl_ms = self.validate(order_ref, cart, ttl)
-        buyer = buyer_of(customer, lines)
+        if settings.STOCK_CAP_FIELD:  # (the stock model's caps may be read from the database)
+            buyer = await sync_to_async(buyer_of)(customer, lines)
+        else:
+            buyer = buyer_of(customer, lines)
         with self.recording_outcome(ref):
             if (short := self._known_short(lines)) is not None and fresh_ref:
                 raise OutOfStock(*short)

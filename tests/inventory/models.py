@@ -17,6 +17,8 @@ class Item(FencedModel):
     code = models.CharField(max_length=40, unique=True, db_column="item_code")
     on_hand = models.IntegerField(db_column="qty_on_hand")
     title = models.CharField(max_length=100)  # required, no default
+    # At most this many per customer (STOCK_LOCKS["STOCK_CAP_FIELD"]; NULL: no cap).
+    per_customer = models.PositiveIntegerField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.code} ({self.on_hand} on hand)"
