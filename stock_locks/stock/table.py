@@ -37,7 +37,6 @@ from .caps import (
     advisory_keys,
     caps_for,
     check_purchases,
-    count_in_database,
     counting_since,
     hold_caps,
     holds_of,
@@ -231,50 +230,10 @@ class StockTable:
         if one_sku and not capped and connection.vendor == "postgresql":
             [sku] = skus
             return self._take_and_record_in_one_statement(db, sku, batch)
-        if capped and sends_together(connection):
-            if one_sku and not connection.in_atomic_block:
-                [sku] = skus
-                return self._take_and_record_capped_in_one_round_trip(db, sku, batch, capped)
-            return self._take_and_record_capped(db, batch, capped)
-        res, table, sku_col, qty_col = self._columns(db)
-        take = (
-            f"UPDATE {table} SET {qty_col} = {qty_col} - %s "
-            f"WHERE {sku_col} = %s AND {qty_col} >= %s"
-        )
-        give = f"UPDATE {table} SET {qty_col} = {qty_col} + %s WHERE {sku_col} = %s"
-        with transaction.atomic(using=db), connection.cursor() as cursor:
-            # The caps, then the stock rows (in SKU order), then the reservations' rows:
-            # the order of every other write. (Rows first, a caller that stopped waiting
-            # for this batch and wrote its own row deadlocked with it: it held a stock
-            # row this batch waited for, and waited for the row this batch had inserted.)
-            hold_caps([(o.customer, o.lines, capped[o.ref]) for o in batch if o.ref in capped])
-            cursor.execute(
-                f"SELECT {res['order_ref']} FROM {res['table']} WHERE {res['order_ref']} = ANY(%s)",
-                [[order.ref for order in batch]],
-            )
-            have_rows = {ref for (ref,) in cursor.fetchall()}
-            pending = [order for order in batch if order.ref not in have_rows]
-            if not pending:
-                return {}
-            totals = _units(order.lines for order in pending)
-            for sku in sorted(totals):
-                cursor.execute(take, [totals[sku], sku, totals[sku]])
-                if cursor.rowcount == 0:
-                    raise self._refusal(sku, totals[sku], None)
-            # (then the caps: CapExceeded rolls the batch back, to be written one by one)
-            purchases = [(o.customer, o.lines, capped[o.ref]) for o in pending if o.ref in capped]
-            count_in_database(purchases, timezone.now(), held=True)
-            into, values, returning, params = _reservation_rows(res, pending)
-            cursor.execute(
-                f"{into} VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING {returning}",
-                params,
-            )
-            inserted = {ref: (pk, created) for ref, pk, created in cursor.fetchall()}
-            # A ref whose row a concurrent request committed meanwhile: its units go back.
-            back = _units(order.lines for order in pending if order.ref not in inserted)
-            for sku in sorted(back):
-                cursor.execute(give, [back[sku], sku])
-        return inserted
+        if capped and one_sku and sends_together(connection) and not connection.in_atomic_block:
+            [sku] = skus
+            return self._take_and_record_capped_in_one_round_trip(db, sku, batch, capped)
+        return self._take_and_record_in_one_transaction(db, batch, capped)
 
     def _held_query(
         self, res: dict[str, str], purchases: list[Purchase], now_ms: int
@@ -304,8 +263,8 @@ class StockTable:
         ran), takes the units only if no (cap, customer) would pass its max, and
         inserts the rows only if it took. The hot stock row stays locked while the
         server runs it and commits, no client round trip in between, as without
-        caps. Nothing written: the refusal is found by the one-at-a-time checks
-        (:meth:`_refusal`, :func:`~.caps.count_in_database`)."""
+        caps. Nothing written: the refusal is named by the checks of
+        (:meth:`_take_and_record_in_one_transaction`)."""
         res, table, sku_col, qty_col = self._columns(db)
         now_ms = int(timezone.now().timestamp() * 1000)
         purchases = [(o.customer, o.lines, capped[o.ref]) for o in batch if o.ref in capped]
@@ -352,38 +311,55 @@ class StockTable:
             raise
         inserted = {ref: (pk, created) for ref, pk, created in written}
         if not inserted:  # nothing written: the checks one at a time say why
-            return self._take_and_record_capped(db, batch, capped)
+            return self._take_and_record_in_one_transaction(db, batch, capped)
         return inserted
 
-    def _take_and_record_capped(
+    def _take_and_record_in_one_transaction(
         self, db: str, batch: list[Order], capped: dict[str, list[Cap]]
     ) -> dict[str, tuple[int, dt.datetime]]:
-        """:meth:`take_and_record_many` of a capped batch on PostgreSQL: its statements
-        in one query string (:func:`together`), in the order of every other write: the
-        caps' advisory locks, the stock rows (SKU order), the customers' reservations
-        (read after the locks: a statement sees what was committed before it ran),
-        the rows inserted. The replies are checked once they are all in, each refusal
-        named as a write one at a time would; a refusal rolls everything back."""
+        """:meth:`take_and_record_many` in one transaction, in the order of every other
+        write: the caps' locks, the stock rows (SKU order), the customers'
+        reservations (read after the locks: a statement sees what was committed
+        before it ran), the rows inserted (a ref that has one already is skipped and
+        its units go back). The statements go in one query where the connection can
+        (:func:`together`), else one at a time; the replies are checked once all are
+        in, each refusal named as a write one at a time would; a refusal rolls
+        everything back."""
         res, table, sku_col, qty_col = self._columns(db)
         totals = _units(order.lines for order in batch)
         now_ms = int(timezone.now().timestamp() * 1000)
         purchases = [(o.customer, o.lines, capped[o.ref]) for o in batch if o.ref in capped]
-        held_sql, held_params = self._held_query(res, purchases, now_ms)
         into, values, returning, rows = _reservation_rows(res, batch)
         connection = connections[db]
+        postgresql = connection.vendor == "postgresql"
+        statements: list[tuple[str, list[Any]]] = []
+        if purchases and postgresql:
+            statements.append((ADVISORY_LOCKS, [advisory_keys(holds_of(purchases))]))
+        statements.append((
+            f"SELECT {res['order_ref']} FROM {res['table']} WHERE {res['order_ref']} = ANY(%s)",
+            [[order.ref for order in batch]],
+        ))  # fmt: skip
+        statements += [
+            (f"UPDATE {table} SET {qty_col} = {qty_col} - %s "
+             f"WHERE {sku_col} = %s AND {qty_col} >= %s", [totals[sku], sku, totals[sku]])
+            for sku in sorted(totals)
+        ]  # fmt: skip
+        if purchases:
+            statements.append(self._held_query(res, purchases, now_ms))
+        statements.append((
+            f"{into} VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING {returning}",
+            rows,
+        ))  # fmt: skip
         with transaction.atomic(using=db):
-            replies = together(connection, [
-                (ADVISORY_LOCKS, [advisory_keys(holds_of(purchases))]),
-                (f"SELECT {res['order_ref']} FROM {res['table']} "
-                 f"WHERE {res['order_ref']} = ANY(%s)", [[order.ref for order in batch]]),
-                *((f"UPDATE {table} SET {qty_col} = {qty_col} - %s "
-                   f"WHERE {sku_col} = %s AND {qty_col} >= %s", [totals[sku], sku, totals[sku]])
-                  for sku in sorted(totals)),
-                (held_sql, held_params),
-                (f"{into} VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING "
-                 f"{returning}", rows),
-            ])  # fmt: skip
-            _, (_, existing), *takes, (_, held), (_, written) = replies
+            if purchases and not postgresql:
+                hold_caps(purchases)
+            replies = together(connection, statements) if sends_together(connection) else [
+                one_at_a_time(connection, sql, params) for sql, params in statements
+            ]  # fmt: skip
+            if purchases and postgresql:
+                replies.pop(0)  # (the locks)
+            (_, existing), *takes, (_, written) = replies
+            held = takes.pop()[1] if purchases else []
             for sku, (taken, _) in zip(sorted(totals), takes, strict=True):
                 if taken == 0:
                     raise self._refusal(sku, totals[sku], None)
@@ -427,6 +403,13 @@ def together(connection: Any, statements: list[tuple[str, list[Any]]]) -> list[t
             replies.append((cursor.rowcount, rows))
             if not cursor.nextset():
                 return replies
+
+
+def one_at_a_time(connection: Any, sql: str, params: list[Any]) -> tuple[int, list]:
+    """(rowcount, rows) of one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount, cursor.fetchall() if cursor.description is not None else []
 
 
 def sends_together(connection: Any) -> bool:
