@@ -167,8 +167,8 @@ def test_an_order_written_after_its_reservation_expired_is_expired(monkeypatch, 
     strategy = get_strategy("lua")
     reserve = strategy.reserve
 
-    def reserve_then_expire(ref, cart, *, ttl=None, customer=None):
-        reservation = reserve(ref, cart, ttl=ttl, customer=customer)
+    def reserve_then_expire(ref, cart, **options):
+        reservation = reserve(ref, cart, **options)
         due = redis_now(redis_client) - dt.timedelta(seconds=1)
         Reservation.objects.filter(order_ref=ref).update(expires_at=due)
         assert expire_reservation(ref) is True  # no order yet: the receiver finds none
