@@ -153,6 +153,7 @@ class CapBook:
         return [touched[name] for name in sorted(touched)]
 
 
+NO_CAPS: dict[str, Cap] = {}  # (one object: cap_book() keys its cache by identity)
 _settings_caps: tuple[int, dict[str, Cap]] | None = None
 _model_caps: tuple[float, tuple[Any, ...], dict[str, Cap]] | None = None  # (read at, key, caps)
 _book: tuple[tuple[int, int], CapBook] | None = None
@@ -166,7 +167,7 @@ def model_caps() -> dict[str, Cap]:
     global _model_caps
     field = settings.STOCK_CAP_FIELD
     if not field:
-        return {}
+        return NO_CAPS
     key = (field, settings.STOCK_MODEL, repr(settings.STOCK_CAP_WINDOW))
     now = time.monotonic()
     if (
