@@ -8,8 +8,6 @@ reply; the restart is a real SIGKILL and a fresh redis-server on the same port.
 
 from __future__ import annotations
 
-import datetime as dt
-
 import pytest
 from django.conf import settings
 from django.test import Client, override_settings
@@ -17,29 +15,10 @@ from django.test import Client, override_settings
 from stock_locks import scripts
 from stock_locks.exceptions import RedisUnavailable
 from stock_locks.models import Event
-from stock_locks.waitingroom import RoomSpec, WaitingRoom, queue, remaining
-from stock_locks.waitingroom import events as room_events
+from stock_locks.waitingroom import RoomSpec, WaitingRoom
 from tests.support.processes import run_in_processes
 from tests.support.waiting import wait_until
-
-PAST = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
-
-
-def room(slug: str = "faults", **changes) -> WaitingRoom:
-    values = dict(slug=slug, start=PAST, max_active=1_000, admit_per_minute=60_000)
-    values.update(changes)
-    return WaitingRoom(RoomSpec(**values))
-
-
-@pytest.fixture(autouse=True)
-def _fresh_caches():
-    room_events.forget()
-    remaining.forget()
-    queue.forget_seen()
-    yield
-    room_events.forget()
-    remaining.forget()
-    queue.forget_seen()
+from tests.test_waitingroom import PAST, _fresh_caches, room  # noqa: F401 (the fixture)
 
 
 @pytest.mark.parametrize("retries", [0, 1])
