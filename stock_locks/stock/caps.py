@@ -168,7 +168,7 @@ def model_caps() -> dict[str, Cap]:
     field = settings.STOCK_CAP_FIELD
     if not field:
         return NO_CAPS
-    key = (field, settings.STOCK_MODEL, repr(settings.STOCK_CAP_WINDOW))
+    key = (field, settings.STOCK_MODEL, id(settings.STOCK_CAP_WINDOW))  # (the settings' values)
     now = time.monotonic()
     if (
         _model_caps is not None
