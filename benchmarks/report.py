@@ -98,15 +98,24 @@ def _plots(figures: dict[str, Any], directory: Path) -> list[tuple[str, Path]]:
         plt.close(fig)
         made.append((title, path))
 
-    by_processes = figures.get("reservations/s by processes")
-    if by_processes:
+    def lines(series: dict, xlabel: str, ylabel: str, title: str, name: str) -> None:
+        """One line per label of ``series`` ({label: {x: y}}), log y."""
         fig, axes = plt.subplots(figsize=(7, 4), layout="constrained")
-        for label, rates in by_processes.items():
-            xs = sorted(rates)
-            axes.plot(xs, [rates[x] for x in xs], marker="o", label=label)
-        axes.set(xlabel="processes", ylabel="reservations/s", yscale="log")
+        for label, points in series.items():
+            xs = sorted(points)
+            axes.plot(xs, [points[x] for x in xs], marker="o", label=label)
+        axes.set(xlabel=xlabel, ylabel=ylabel, yscale="log")
         axes.legend(fontsize=8)
-        save(fig, "Reservations/s per strategy vs processes (one hot SKU)", "reservations.png")
+        save(fig, title, name)
+
+    if by_processes := figures.get("reservations/s by processes"):
+        lines(
+            by_processes,
+            "processes",
+            "reservations/s",
+            "Reservations/s per strategy vs processes (one hot SKU)",
+            "reservations.png",
+        )
     flash = figures.get("flash sale attempts/s")
     if flash:
         fig, axes = plt.subplots(figsize=(8, 4), layout="constrained")
@@ -115,15 +124,14 @@ def _plots(figures: dict[str, Any], directory: Path) -> list[tuple[str, Path]]:
         axes.set(ylabel="attempts/s", yscale="log")
         axes.tick_params(axis="x", labelrotation=20, labelsize=8)
         save(fig, "Flash sale: 10,000 attempts for 1,000 units, 16 processes", "flash_sale.png")
-    refresh = figures.get("dashboard refresh ms by keys")
-    if refresh:
-        fig, axes = plt.subplots(figsize=(7, 4), layout="constrained")
-        for label, by_size in refresh.items():
-            xs = sorted(by_size)
-            axes.plot(xs, [by_size[x] for x in xs], marker="o", label=label)
-        axes.set(xlabel="unrelated keys in Redis", ylabel="ms per refresh", yscale="log")
-        axes.legend(fontsize=8)
-        save(fig, "Dashboard: one refresh's Redis reads vs the keyspace", "dashboard_refresh.png")
+    if refresh := figures.get("dashboard refresh ms by keys"):
+        lines(
+            refresh,
+            "unrelated keys in Redis",
+            "ms per refresh",
+            "Dashboard: one refresh's Redis reads vs the keyspace",
+            "dashboard_refresh.png",
+        )
     for key, title, name, unit in (
         ("lock handoff waits (ms)", "Contended lock: wait from acquire() to grant",
          "lock_waits.png", "wait, ms"),
