@@ -7,7 +7,9 @@ are spread over the sale, not fired at once), as fast as they can. Each strategy
 twice per round, caps off and caps on (at most ``--cap`` units per customer,
 counted in the same step as the stock), in interleaved rounds that alternate
 which goes first; the figure is the median of the rounds' attempts per second.
-Both runs name the customer, so the difference is the counting. Every run is
+Both runs name the customer, so the difference is the counting. Beside it, how
+long the units took to sell out (the median of the rounds, until the last buyer
+process was first refused): the part of the sale where a cap is counted. Every run is
 audited from the database: nothing oversold, and with caps on no customer
 above the cap.
 
@@ -81,6 +83,7 @@ def buyer(team, name: str, caps: dict, attempts: int, customers: int, run: str) 
     strategy = get_strategy(name)
     strategy.warm_up()
     outcome: Counter = Counter()
+    sold_out_after = 0.0  # seconds until this process was first told "sold out"
     team.sync()
     started = time.perf_counter()
     for n in range(attempts):
@@ -94,7 +97,9 @@ def buyer(team, name: str, caps: dict, attempts: int, customers: int, run: str) 
             outcome["capped"] += 1
         except OutOfStock:
             outcome["refused"] += 1
-    return {**outcome, "seconds": time.perf_counter() - started, "attempts": attempts}
+            sold_out_after = sold_out_after or time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    return {**outcome, "seconds": seconds, "attempts": attempts, "sale": sold_out_after or seconds}
 
 
 def sale(args, name: str, capped: bool, run: str) -> dict:
@@ -117,6 +122,7 @@ def sale(args, name: str, capped: bool, run: str) -> dict:
     left = StockTable().level(SKU)
     return {
         "rate": attempts / seconds,
+        "sale": max(r["sale"] for r in results),
         "sold": sold,
         "oversold": max(0, sum(held.values()) - args.stock) + max(0, -left),
         "most": max(held.values(), default=0),
@@ -160,6 +166,8 @@ def main(argv: list[str]) -> str:
             off = support.median([run["rate"] for run in runs[(name, False)]])
             on = support.median([run["rate"] for run in runs[(name, True)]])
             ratios[name] = on / off if off else float("nan")
+            sale_off = support.median([run["sale"] for run in runs[(name, False)]])
+            sale_on = support.median([run["sale"] for run in runs[(name, True)]])
             capped_runs = runs[(name, True)]
             for run in runs[(name, False)] + capped_runs:
                 if run["oversold"] or not run["consistent"]:
@@ -169,7 +177,8 @@ def main(argv: list[str]) -> str:
                 problems.append(f"{name}: a customer holds {most} > cap {args.cap}")
             rows.append([
                 name, ATTEMPTS[name] * args.processes, f"{off:,.0f}", f"{on:,.0f}",
-                f"{ratios[name]:.3f}x", capped_runs[-1]["capped"], most,
+                f"{ratios[name]:.3f}x", f"{sale_off * 1000:,.0f}", f"{sale_on * 1000:,.0f}",
+                capped_runs[-1]["capped"], most,
                 sum(run["oversold"] for run in runs[(name, False)] + capped_runs),
             ])  # fmt: skip
             support.figure(f"caps.{name}", {"off": off, "on": on})
@@ -182,6 +191,8 @@ def main(argv: list[str]) -> str:
                     "caps off /s",
                     "caps on /s",
                     "on/off",
+                    "sold out off ms",
+                    "sold out on ms",
                     "capped (last)",
                     "most held",
                     "oversold",

@@ -18,8 +18,9 @@ from stock_locks.exceptions import CapExceeded, CustomerRequired, InvalidQuantit
 from stock_locks.keys import StockKeys
 from stock_locks.models import Reservation
 from stock_locks.stock import get_strategy, strategy_names
-from stock_locks.stock.caps import parse_caps
+from stock_locks.stock.caps import buyer_of, parse_caps
 from stock_locks.stock.reconcile import stock_report
+from stock_locks.stock.table import Order, StockTable
 from tests.inventory.models import Item
 from tests.support.processes import run_in_processes
 from tests.support.waiting import wait_until
@@ -287,6 +288,46 @@ def test_a_thousand_attempts_of_one_customer_from_four_processes_get_exactly_the
     assert Item.objects.get(code="CAP-KETTLE").on_hand == 5000 - 7
     with caps(defined):
         assert all(row.drift == 0 for row in stock_report())
+
+
+def one_customer_writes_the_table(index: int, attempts: int, defined: dict, batch: int) -> Counter:
+    """Runs in a child: ``attempts`` writes of customer "zoe"'s single-unit orders
+    straight to the stock table, ``batch`` orders a write (a group commit's), of two
+    SKUs in turn (two stock rows: their locks do not order the two)."""
+    outcome: Counter = Counter()
+    table = StockTable()
+    with caps(defined):
+        for n in range(attempts):
+            lines = {("CAP-MUG-RED", "CAP-MUG-BLUE")[(index + n) % 2]: 1}
+            try:
+                if batch == 1:
+                    table.take_and_record(
+                        f"db-{index}-{n}", lines, "lua", buyer=buyer_of("zoe", lines)
+                    )
+                else:
+                    orders = [
+                        Order(f"db-{index}-{n}-{k}", lines, "lua", None, "zoe")
+                        for k in range(batch)
+                    ]
+                    table.take_and_record_many(orders)
+                outcome["sold"] += batch
+            except CapExceeded:
+                outcome["capped"] += 1
+    return outcome
+
+
+@pytest.mark.parametrize("batch, most", [(1, 7), (2, 8)])
+def test_the_database_alone_holds_the_cap_against_writes_from_four_processes(batch, most):
+    """No Redis in front: the database's capped write (one statement on PostgreSQL,
+    the (cap, customer) locks taken in its stock decrement) decides alone."""
+    items(CAP_MUG_RED=5000, CAP_MUG_BLUE=5000)
+    defined = {"mugs": {"skus": ["CAP-MUG-RED", "CAP-MUG-BLUE"], "max": most}}
+    results = run_in_processes(one_customer_writes_the_table, 4, 60, defined, batch)
+    total = sum(results, Counter())
+    assert total["sold"] == most and total["capped"] == 4 * 60 - most // batch
+    assert units_of("zoe") == most
+    left = Item.objects.filter(code__startswith="CAP-MUG").values_list("on_hand", flat=True)
+    assert sum(left) == 2 * 5000 - most
 
 
 def many_customers_buy(index: int, name: str, customers: range, defined: dict) -> Counter:

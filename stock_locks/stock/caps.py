@@ -292,6 +292,9 @@ def _hold(holds: set[tuple[str, str]]) -> None:
 
 ADVISORY_NAMESPACE = b"stock_locks.cap"
 # PostgreSQL: the advisory locks of advisory_keys(), in key order, until the transaction ends.
+# PostgreSQL (migration 0006): lock the (cap, customer) pairs, then whether any of the
+# jsonb limits (customer, skus, max, since, units asked) would pass its max.
+CAPS_OVER = "stock_locks_caps_over"
 ADVISORY_LOCKS = "SELECT pg_advisory_xact_lock(key) FROM unnest(%s::bigint[]) AS key ORDER BY key"
 
 

@@ -30,6 +30,7 @@ from ..fencing import stale
 from ..models import Reservation
 from .caps import (
     ADVISORY_LOCKS,
+    CAPS_OVER,
     NOBODY,
     Buyer,
     Cap,
@@ -142,21 +143,15 @@ class StockTable:
         connection = connections[db]
         if len(lines) == 1 and connection.vendor == "postgresql":
             [sku] = lines
-            inserted = None
-            if not buyer.caps:
-                order = Order(order_ref, lines, strategy, expires_at)
-                inserted = self._take_and_record_in_one_statement(db, sku, [order])
-            elif sends_together(connection) and not connection.in_atomic_block:
-                order = Order(order_ref, lines, strategy, expires_at, buyer.customer)
-                capped = {order_ref: list(buyer.caps)}
-                inserted = self._take_and_record_capped_in_one_round_trip(db, sku, [order], capped)
-                if order_ref not in inserted:  # (its row was committed meanwhile)
-                    raise IntegrityError(f"order ref {order_ref!r} has a reservation already")
-            if inserted is not None:
-                pk, created_at = inserted[order_ref]
-                customer = buyer.customer if buyer.caps else ""
-                return recorded(pk, created_at, order_ref, lines, strategy, retries, expires_at,
-                                db, customer)  # fmt: skip
+            customer = buyer.customer if buyer.caps else ""
+            capped = {order_ref: list(buyer.caps)} if buyer.caps else {}
+            order = Order(order_ref, lines, strategy, expires_at, customer)
+            inserted = self._take_and_record_in_one_statement(db, sku, [order], capped)
+            if order_ref not in inserted:  # (a capped refusal's check found its row)
+                raise IntegrityError(f"order ref {order_ref!r} has a reservation already")
+            pk, created_at = inserted[order_ref]
+            return recorded(pk, created_at, order_ref, lines, strategy, retries, expires_at,
+                            db, customer)  # fmt: skip
         with transaction.atomic(using=db):
             # The caps, the stock rows, then the reservation's: the order of the
             # one-statement path and of the group commit's batches. (Row first, a duplicate
@@ -179,22 +174,34 @@ class StockTable:
         return res, q(product.db_table), sku_col, qty_col
 
     def _take_and_record_in_one_statement(
-        self, db: str, sku: str, orders: list[Order]
+        self, db: str, sku: str, orders: list[Order], capped: dict[str, list[Cap]] | None = None
     ) -> dict[str, tuple[int, dt.datetime]]:
         """Reservations whose carts all ask for one SKU, in one statement (a
         data-modifying CTE): one guarded decrement of their sum, and their rows
         inserted only if it took. Returns ``{order ref: (id, created_at)}``; raises
         :class:`OutOfStock` when the sum is not there and ``IntegrityError`` when a
-        ref already has a row (nothing written either way)."""
+        ref already has a row (nothing written either way).
+
+        With ``capped`` (order ref -> its caps), the decrement's WHERE also calls
+        :data:`~stock_locks.stock.caps.CAPS_OVER`: it locks the (cap, customer) pairs,
+        then counts each customer's units, and the units are taken only if no cap
+        would pass its max. The hot row stays locked for one statement, as without
+        caps, and the count's plan is the function's, made once per connection. When
+        that writes nothing, :meth:`_take_and_record_in_one_transaction` names the
+        refusal (or writes, if what refused it has changed since)."""
         res, table, sku_col, qty_col = self._columns(db)
         total = sum(order.lines[sku] for order in orders)
-        into, values, returning, rows = _reservation_rows(res, orders)
+        insert, returning, rows = _reservation_rows(res, orders)
+        guard, guard_params = "", []
+        if capped:
+            guard = f" AND NOT {CAPS_OVER}(%s::bigint[], %s::jsonb)"
+            guard_params = _cap_limits(orders, capped)
         sql = (
             f"WITH taken AS (UPDATE {table} SET {qty_col} = {qty_col} - %s "
-            f"WHERE {sku_col} = %s AND {qty_col} >= %s RETURNING 1) "
-            f"{into} SELECT v.* FROM (VALUES {values}) AS v CROSS JOIN taken {returning}"
+            f"WHERE {sku_col} = %s AND {qty_col} >= %s{guard} RETURNING 1) "
+            f"{insert} CROSS JOIN taken {returning}"
         )
-        params: list[Any] = [total, sku, total, *rows]
+        params: list[Any] = [total, sku, total, *guard_params, *rows]
         connection = connections[db]
         # Autocommit makes the statement its own transaction; inside the caller's
         # transaction a savepoint keeps a duplicate-ref error from aborting it.
@@ -202,9 +209,11 @@ class StockTable:
         with scope, connection.cursor() as cursor:
             cursor.execute(sql, params)
             inserted = {ref: (pk, created) for ref, pk, created in cursor.fetchall()}
-        if not inserted:  # nothing was taken, so nothing to roll back
-            raise OutOfStock(sku, total, self.level(sku))
-        return inserted
+        if inserted:
+            return inserted
+        if capped:  # nothing written: the checks one at a time say why
+            return self._take_and_record_in_one_transaction(db, orders, capped)
+        raise OutOfStock(sku, total, self.level(sku))  # (nothing taken, nothing to undo)
 
     def take_and_record_many(self, batch: list[Order]) -> dict[str, tuple[int, dt.datetime]]:
         """Several reservations (:class:`Order`), in
@@ -227,12 +236,9 @@ class StockTable:
         capped = {ref: caps for ref, caps in capped.items() if caps}
         one_sku = len(skus) == 1 and all(len(order.lines) == 1 for order in batch)
         connection = connections[db]
-        if one_sku and not capped and connection.vendor == "postgresql":
+        if one_sku and connection.vendor == "postgresql":
             [sku] = skus
-            return self._take_and_record_in_one_statement(db, sku, batch)
-        if capped and one_sku and sends_together(connection) and not connection.in_atomic_block:
-            [sku] = skus
-            return self._take_and_record_capped_in_one_round_trip(db, sku, batch, capped)
+            return self._take_and_record_in_one_statement(db, sku, batch, capped)
         return self._take_and_record_in_one_transaction(db, batch, capped)
 
     def _held_query(
@@ -255,67 +261,6 @@ class StockTable:
             params.append(since)
         return sql, params
 
-    def _take_and_record_capped_in_one_round_trip(
-        self, db: str, sku: str, batch: list[Order], capped: dict[str, list[Cap]]
-    ) -> dict[str, tuple[int, dt.datetime]]:
-        """A batch of one-line carts of ``sku`` with purchase caps, on PostgreSQL in
-        autocommit: BEGIN, the caps' advisory locks, one statement and COMMIT in one
-        query string (:func:`together`). The statement, a data-modifying CTE, reads
-        the customers' reservations (after the locks: what was committed before it
-        ran), takes the units only if no (cap, customer) would pass its max, and
-        inserts the rows only if it took. The hot stock row stays locked while the
-        server runs it and commits, no client round trip in between, as without
-        caps. Nothing written: the refusal is named by the checks of
-        (:meth:`_take_and_record_in_one_transaction`)."""
-        res, table, sku_col, qty_col = self._columns(db)
-        now_ms = int(timezone.now().timestamp() * 1000)
-        purchases = [(o.customer, o.lines, capped[o.ref]) for o in batch if o.ref in capped]
-        held_sql, params = self._held_query(res, purchases, now_ms)
-        asked: Counter[tuple[str, str]] = Counter()  # units per (cap, customer)
-        caps: dict[str, Cap] = {}
-        for customer, lines, its_caps in purchases:
-            for cap in its_caps:
-                asked[(cap.name, customer)] += cap.units(lines)
-                caps[cap.name] = cap
-        limits = []
-        for (name, customer), units in sorted(asked.items()):
-            start = caps[name].window_start_ms(now_ms)
-            since = dt.datetime.fromtimestamp(start / 1000, tz=dt.UTC) if start else None
-            limits.append("(%s, %s::text[], %s::int, %s::timestamptz, %s::int)")
-            params += [customer, sorted(caps[name].skus), caps[name].max, since, units]
-        total = sum(order.lines[sku] for order in batch)
-        into, values, returning, rows = _reservation_rows(res, batch)
-        sql = (
-            f"WITH held AS ({held_sql}), "
-            f"limits(customer, skus, max, since, units) AS (VALUES {', '.join(limits)}), "
-            "over AS (SELECT 1 FROM limits l WHERE l.units + COALESCE(("
-            f"  SELECT sum(u.value::int) FROM held h, jsonb_each_text(h.{res['lines']}) u"
-            f"  WHERE h.{res['customer']} = l.customer AND u.key = ANY(l.skus)"
-            f"  AND h.{res['created_at']} >= COALESCE(l.since, '-infinity')), 0) > l.max), "
-            f"taken AS (UPDATE {table} SET {qty_col} = {qty_col} - %s "
-            f"WHERE {sku_col} = %s AND {qty_col} >= %s AND NOT EXISTS (SELECT 1 FROM over) "
-            f"RETURNING 1) "
-            f"{into} SELECT v.* FROM (VALUES {values}) AS v CROSS JOIN taken {returning}"
-        )
-        params += [total, sku, total, *rows]
-        connection = connections[db]
-        try:
-            _, _, (_, written), _ = together(connection, [
-                ("BEGIN", []),
-                (ADVISORY_LOCKS, [advisory_keys(holds_of(purchases))]),
-                (sql, params),
-                ("COMMIT", []),
-            ])  # fmt: skip
-        except Exception:
-            pg = connection.connection
-            if pg is not None and not pg.closed and pg.info.transaction_status.name != "IDLE":
-                pg.rollback()  # (a failed statement left the transaction open)
-            raise
-        inserted = {ref: (pk, created) for ref, pk, created in written}
-        if not inserted:  # nothing written: the checks one at a time say why
-            return self._take_and_record_in_one_transaction(db, batch, capped)
-        return inserted
-
     def _take_and_record_in_one_transaction(
         self, db: str, batch: list[Order], capped: dict[str, list[Cap]]
     ) -> dict[str, tuple[int, dt.datetime]]:
@@ -331,7 +276,7 @@ class StockTable:
         totals = _units(order.lines for order in batch)
         now_ms = int(timezone.now().timestamp() * 1000)
         purchases = [(o.customer, o.lines, capped[o.ref]) for o in batch if o.ref in capped]
-        into, values, returning, rows = _reservation_rows(res, batch)
+        insert, returning, rows = _reservation_rows(res, batch)
         connection = connections[db]
         postgresql = connection.vendor == "postgresql"
         statements: list[tuple[str, list[Any]]] = []
@@ -349,7 +294,7 @@ class StockTable:
         if purchases:
             statements.append(self._held_query(res, purchases, now_ms))
         statements.append((
-            f"{into} VALUES {values} ON CONFLICT ({res['order_ref']}) DO NOTHING {returning}",
+            f"{insert} ON CONFLICT ({res['order_ref']}) DO NOTHING {returning}",
             rows,
         ))  # fmt: skip
         with transaction.atomic(using=db):
@@ -439,18 +384,47 @@ def _units(carts: Iterable[Cart]) -> dict[str, int]:
     return totals
 
 
-def _reservation_rows(res: dict[str, str], orders: list[Order]) -> tuple[str, str, str, list[Any]]:
-    """The RESERVED rows of ``orders`` for an INSERT: its ``INSERT INTO ...(columns)``,
-    a VALUES list, a RETURNING of (order ref, id, created_at), and the parameters."""
+def _cap_limits(orders: list[Order], capped: dict[str, list[Cap]]) -> list[Any]:
+    """:data:`~stock_locks.stock.caps.CAPS_OVER`'s arguments for ``orders``: the
+    advisory lock keys of their (cap, customer) pairs, and per pair (a jsonb array)
+    the customer, the cap's SKUs, max and window start, and the units asked."""
+    now_ms = int(timezone.now().timestamp() * 1000)
+    purchases = [(o.customer, o.lines, capped[o.ref]) for o in orders if o.ref in capped]
+    asked: Counter[tuple[str, str]] = Counter()  # units per (cap, customer)
+    caps: dict[str, Cap] = {}
+    for customer, lines, its_caps in purchases:
+        for cap in its_caps:
+            asked[(cap.name, customer)] += cap.units(lines)
+            caps[cap.name] = cap
+    limits = []
+    for (name, customer), units in sorted(asked.items()):
+        start = caps[name].window_start_ms(now_ms)
+        since = dt.datetime.fromtimestamp(start / 1000, tz=dt.UTC).isoformat() if start else None
+        limits.append({"customer": customer, "skus": sorted(caps[name].skus),
+                       "max": caps[name].max, "since": since, "units": units})  # fmt: skip
+    return [advisory_keys(holds_of(purchases)), json.dumps(limits)]
+
+
+def _reservation_rows(res: dict[str, str], orders: list[Order]) -> tuple[str, str, list[Any]]:
+    """The RESERVED rows of ``orders``: an ``INSERT INTO ... SELECT`` of them from one
+    jsonb parameter, a RETURNING of (order ref, id, created_at), and the parameters.
+    (One parameter for any number of rows: the statement's text and the driver's
+    parse of it stay the same from batch to batch, where a VALUES list of six
+    parameters a row grew past what psycopg keeps parsed.)"""
     columns = ("order_ref", "lines", "strategy", "status", "customer", "created_at", "updated_at")
-    into = f"INSERT INTO {res['table']} ({', '.join(res[c] for c in columns)}, {res['expires_at']})"
-    row = "(%s, %s::jsonb, %s, %s, %s, now(), now(), %s::timestamptz)"
+    insert = (
+        f"INSERT INTO {res['table']} ({', '.join(res[c] for c in columns)}, {res['expires_at']}) "
+        "SELECT v.ref, v.lines, v.strategy, %s, v.customer, now(), now(), v.expires_at "
+        "FROM jsonb_to_recordset(%s::jsonb) AS v(ref text, lines jsonb, strategy text, "
+        "customer text, expires_at timestamptz)"
+    )
     returning = f"RETURNING {res['order_ref']}, {res['id']}, {res['created_at']}"
-    params: list[Any] = []
-    for ref, lines, strategy, expires_at, customer in orders:
-        status = Reservation.Status.RESERVED
-        params += [ref, json.dumps(lines), strategy, status, customer, expires_at]
-    return into, ", ".join([row] * len(orders)), returning, params
+    rows = [
+        {"ref": ref, "lines": lines, "strategy": strategy, "customer": customer,
+         "expires_at": expires_at.isoformat() if expires_at is not None else None}
+        for ref, lines, strategy, expires_at, customer in orders
+    ]  # fmt: skip
+    return insert, returning, [Reservation.Status.RESERVED.value, json.dumps(rows)]
 
 
 def recorded(
