@@ -330,6 +330,31 @@ def test_the_database_alone_holds_the_cap_against_writes_from_four_processes(bat
     assert sum(left) == 2 * 5000 - most
 
 
+def test_a_database_without_the_caps_function_still_holds_the_cap(caplog):
+    """Tests run with --nomigrations have no stock_locks_caps_over(): capped writes
+    then take the transaction of statements, with a warning, and still hold."""
+    from django.db import connection
+
+    from stock_locks.stock import table as stock_table
+
+    items(CAP_KETTLE=10)
+    lines = {"CAP-KETTLE": 1}
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER FUNCTION stock_locks_caps_over(bigint[], jsonb) RENAME TO hidden")
+    try:
+        with caps(KETTLES):
+            for n in range(2):
+                StockTable().take_and_record(f"nf-{n}", lines, "lua", buyer=buyer_of("ivy", lines))
+            with pytest.raises(CapExceeded):
+                StockTable().take_and_record("nf-2", lines, "lua", buyer=buyer_of("ivy", lines))
+    finally:
+        stock_table._WITHOUT_CAPS_FUNCTION.clear()
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER FUNCTION hidden(bigint[], jsonb) RENAME TO stock_locks_caps_over")
+    assert units_of("ivy") == 2 and Item.objects.get(code="CAP-KETTLE").on_hand == 8
+    assert "no stock_locks_caps_over()" in caplog.text
+
+
 def many_customers_buy(index: int, name: str, customers: range, defined: dict) -> Counter:
     """Runs in a child: each customer of its share tries three single-unit orders."""
     outcome: Counter = Counter()
