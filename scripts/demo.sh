@@ -2,7 +2,7 @@
 # Run the demo: scripts/demo.sh [args for "manage.py demo"...]
 #
 #   DEMO_DATABASE=postgres   use the PostgreSQL from scripts/setup.sh (.cache/env.sh)
-#   DATABASE_URL=...         use this database (as the README says); default: SQLite
+#   DATABASE_URL=...         use this database (docs/operations.md, "The demo"); default: SQLite
 #   REDIS_URL=...            default redis://127.0.0.1:6379/0; if nothing answers there and
 #                            the host is local, a private redis-server is started on that port
 #                            (pid file .cache/demo-redis.pid; "make clean" stops it).

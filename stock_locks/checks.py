@@ -223,7 +223,7 @@ def check_backends(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                     f"STOCK_LOCKS['BACKENDS'][{alias!r}] cannot be built: "
                     f"{type(exc).__name__}: {exc}",
                     hint="Check its BACKEND dotted path, LOCATION and OPTIONS "
-                    "(README: Growing past one Redis).",
+                    "(docs/backends.md: Growing past one Redis).",
                     id=E009,
                 )
             )

@@ -18,7 +18,7 @@ The browser is Debian's Chromium (``STOCK_LOCKS_CHROMIUM``, default
 ``/usr/bin/chromium``; ``scripts/setup.sh`` installs it), never a browser
 downloaded by Playwright. A full-page screenshot goes to
 ``artifacts/dashboard.png``; with ``STOCK_LOCKS_UPDATE_DOCS=1`` it is also
-copied to ``docs/dashboard.png``, the README's picture.
+copied to ``docs/dashboard.png``, the picture in docs/operations.md.
 """
 
 from __future__ import annotations

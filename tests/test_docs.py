@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import importlib
 import logging
+import pkgutil
 import re
 import sys
 from pathlib import Path
@@ -71,7 +72,12 @@ def _import_longest_prefix(name: str) -> Any:
 
 
 def _library_strings() -> set[str]:
-    """Module-level string constants of every loaded stock_locks module."""
+    """Module-level string constants of every stock_locks module (each imported
+    first, so a page's check does not depend on what earlier pages imported)."""
+    import stock_locks
+
+    for info in pkgutil.walk_packages(stock_locks.__path__, "stock_locks."):
+        importlib.import_module(info.name)
     found = set()
     for module_name, module in list(sys.modules.items()):
         if module is not None and module_name.partition(".")[0] == "stock_locks":

@@ -67,7 +67,7 @@ class _PerThread(threading.local):
 
 
 class ZooKeeperBackend(Backend):
-    """Locks on a ZooKeeper ensemble (no semaphores: see the README)."""
+    """Locks on a ZooKeeper ensemble (no semaphores: see docs/backends.md)."""
 
     capabilities: ClassVar[Capability] = (
         Capability.FENCED
