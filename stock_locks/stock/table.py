@@ -192,6 +192,8 @@ class StockTable:
         caps, and the count's plan is the function's, made once per connection. When
         that writes nothing, :meth:`_take_and_record_in_one_transaction` names the
         refusal (or writes, if what refused it has changed since)."""
+        if capped and db in _WITHOUT_CAPS_FUNCTION:
+            return self._take_and_record_in_one_transaction(db, orders, capped)
         res, table, sku_col, qty_col = self._columns(db)
         total = sum(order.lines[sku] for order in orders)
         insert, returning, rows = _reservation_rows(res, orders)
@@ -206,8 +208,6 @@ class StockTable:
         )
         params: list[Any] = [total, sku, total, *guard_params, *rows]
         connection = connections[db]
-        if capped and db in _WITHOUT_CAPS_FUNCTION:
-            return self._take_and_record_in_one_transaction(db, orders, capped)
         # Autocommit makes the statement its own transaction; inside the caller's
         # transaction a savepoint keeps a duplicate-ref error from aborting it.
         scope = transaction.atomic(using=db) if connection.in_atomic_block else nullcontext()
