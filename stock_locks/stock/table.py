@@ -16,7 +16,7 @@ import json
 import logging
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any, NamedTuple, cast
 
@@ -177,7 +177,11 @@ class StockTable:
         return res, q(product.db_table), sku_col, qty_col
 
     def _take_and_record_in_one_statement(
-        self, db: str, sku: str, orders: list[Order], capped: dict[str, list[Cap]] | None = None
+        self,
+        db: str,
+        sku: str,
+        orders: list[Order],
+        capped: Mapping[str, Sequence[Cap]] | None = None,
     ) -> dict[str, tuple[int, dt.datetime]]:
         """Reservations whose carts all ask for one SKU, in one statement (a
         data-modifying CTE): one guarded decrement of their sum, and their rows
@@ -278,7 +282,7 @@ class StockTable:
         return sql, params
 
     def _take_and_record_in_one_transaction(
-        self, db: str, batch: list[Order], capped: dict[str, list[Cap]]
+        self, db: str, batch: list[Order], capped: Mapping[str, Sequence[Cap]]
     ) -> dict[str, tuple[int, dt.datetime]]:
         """:meth:`take_and_record_many` in one transaction, in the order of every other
         write: the caps' locks, the stock rows (SKU order), the customers'
@@ -412,7 +416,7 @@ def _units(carts: Iterable[Cart]) -> dict[str, int]:
     return totals
 
 
-def _cap_limits(orders: list[Order], capped: dict[str, list[Cap]]) -> list[Any]:
+def _cap_limits(orders: list[Order], capped: Mapping[str, Sequence[Cap]]) -> list[Any]:
     """:data:`~stock_locks.stock.caps.CAPS_OVER`'s arguments for ``orders``: the
     advisory lock keys of their (cap, customer) pairs, and per pair (a jsonb array)
     the customer, the cap's SKUs, max and window start, and the units asked."""
