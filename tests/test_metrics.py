@@ -28,7 +28,7 @@ from stock_locks.signals import lock_lost, stock_refused
 from stock_locks.stock import get_strategy
 from tests.inventory.models import Item
 from tests.support.processes import run_in_processes
-from tests.support.redis_servers import free_port
+from tests.support.redis_servers import listening_socket
 from tests.support.waiting import TIMEOUT, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,7 +188,8 @@ class Gunicorn:
         self.metrics_dir = Path(self.dir) / "prometheus"
         self.metrics_dir.mkdir()
         self.log = Path(self.dir) / "log"
-        self.port = free_port()
+        listener = listening_socket()
+        self.port = listener.getsockname()[1]
         env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -196,14 +197,15 @@ class Gunicorn:
             "PYTHONPATH": str(ROOT),
             "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir),
         }
-        with open(self.log, "wb") as log:
+        with listener, open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 [
                     sys.executable, "-m", "gunicorn", "--workers", "2",
-                    "--bind", f"127.0.0.1:{self.port}",
+                    "--bind", f"fd://{listener.fileno()}",
                     "django.core.wsgi:get_wsgi_application()",
                 ],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                pass_fds=[listener.fileno()],
             )  # fmt: skip
         wait_until(
             lambda: self.output().count("Booting worker") >= 2 or self.process.poll() is not None,

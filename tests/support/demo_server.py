@@ -27,7 +27,7 @@ from pathlib import Path
 from demo_shop.shop.management.commands.demo import GUNICORN_CONF
 
 from .processes import child_environment
-from .redis_servers import free_port
+from .redis_servers import listening_socket
 from .waiting import TIMEOUT, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,14 +54,17 @@ def gunicorn_demo(workers: int = 2, threads: int = 2, **env: str) -> Iterator[De
     """The demo on gunicorn with ``workers`` x ``threads``; ``env`` on top of the test's
     (e.g. ``SHOP_STRATEGY_FROM_REQUEST="1"``). Yields once every worker has booted and
     the shop answers."""
-    port = free_port()
+    listener = listening_socket()
+    port = listener.getsockname()[1]
     log = Path(tempfile.mkdtemp(prefix="sl-demo-")) / "gunicorn.log"
     environment = {**os.environ, **child_environment(), "PYTHONPATH": str(ROOT), **env}
-    with open(log, "wb") as out:
+    with listener, open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "demo_shop.wsgi:application", "-c", GUNICORN_CONF,
-             "--workers", str(workers), "--threads", str(threads), "--bind", f"127.0.0.1:{port}"],
+             "--workers", str(workers), "--threads", str(threads),
+             "--bind", f"fd://{listener.fileno()}"],
             cwd=ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT,
+            pass_fds=[listener.fileno()],
         )  # fmt: skip
     server = DemoServer(f"http://127.0.0.1:{port}", port, log, process)
     try:

@@ -30,6 +30,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def listening_socket() -> socket.socket:
+    """A socket listening on a free 127.0.0.1 port, for a server that takes it over
+    (gunicorn's ``--bind fd://N`` with ``pass_fds``): a port picked free and bound later
+    by the server could be taken by another test's server first."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    return listener
+
+
 class RedisServer:
     """One redis-server process. ``start()``, ``stop()`` (SIGTERM), ``kill()`` (SIGKILL),
     ``restart()`` on the same port (empty: nothing is persisted). ``config_file``: a
