@@ -203,7 +203,11 @@ class StockTable:
         insert, returning, rows = _reservation_rows(res, orders)
         guard, guard_params = "", []
         if capped:
-            guard = f" AND NOT {CAPS_OVER}(%s::bigint[], %s::jsonb)"
+            # A subquery: evaluated once, before the row is locked. Called in the WHERE
+            # itself, a write that waited for the hot row ran it again on the row's new
+            # version while holding the row (PostgreSQL rechecks a waiting UPDATE's WHERE).
+            # The (cap, customer) locks it took keep its count right until commit anyway.
+            guard = f" AND NOT (SELECT {CAPS_OVER}(%s::bigint[], %s::jsonb))"
             guard_params = _cap_limits(orders, capped)
         sql = (
             f"WITH taken AS (UPDATE {table} SET {qty_col} = {qty_col} - %s "
