@@ -17,6 +17,7 @@ from stock_locks.backends.redis.protocol import parse_record, token_of
 from stock_locks.exceptions import LockError, LockNotOwned, LockNotReplicated, LockTimeout
 from stock_locks.operations import force_release
 from stock_locks.watchdog import Watchdog
+from tests.support.lock_state import held, last_fence, tombstone
 from tests.support.processes import event, run_in_processes, start_process
 from tests.support.redis_stats import (
     CountingConnection,
@@ -35,8 +36,10 @@ def test_grant_sets_token_fence_and_holder_metadata_with_one_lease(redis_client)
     assert lock.acquire()
     after = redis_ms(redis_client)
     assert len(lock.token) == 32  # 128 random bits, hex
-    assert lock.fence == int(redis_client.get("sl:lock:{order:42}:fence"))
-    # One key holds the holder's record: token first, then fence, count and metadata.
+    # One key holds the holder's record: token first, then fence, count and metadata,
+    # then the name's state (the last fence: the counter; no separate key is written).
+    assert last_fence(redis_client, "sl:lock:{order:42}") == lock.fence
+    assert not redis_client.exists("sl:lock:{order:42}:fence")
     holder = parse_record(redis_client.get("sl:lock:{order:42}"))
     assert holder["token"] == lock.token
     assert holder["fence"] == str(lock.fence)
@@ -48,11 +51,13 @@ def test_grant_sets_token_fence_and_holder_metadata_with_one_lease(redis_client)
     assert before <= int(holder["acquired_at"]) <= after  # the Redis clock, in ms
     assert holder["ttl"] == "20000" and holder["watchdog"] == "0"
     assert 15_000 < redis_client.pttl("sl:lock:{order:42}") <= 20_000
-    # The fence counter is kept FENCE_RETENTION (a minute) after the Redis clock passed
-    # the fence (here the clock itself), and at least the lease.
-    assert 55_000 < redis_client.pttl("sl:lock:{order:42}:fence") <= 60_000
     lock.release()
-    assert not redis_client.exists("sl:lock:{order:42}", "sl:lock:{order:42}:waiters")
+    assert not held(redis_client, "sl:lock:{order:42}")
+    # Released: a tombstone keeps the fence FENCE_RETENTION (a minute) after the Redis
+    # clock passed it (here the clock itself), and the released token.
+    assert last_fence(redis_client, "sl:lock:{order:42}") == lock.fence
+    assert 55_000 < redis_client.pttl("sl:lock:{order:42}") <= 60_000
+    assert lock.token in redis_client.get("sl:lock:{order:42}").decode()
 
 
 def test_uncontended_cycle_is_two_round_trips(redis_server, redis_client):
@@ -90,7 +95,7 @@ def test_retried_acquire_with_the_same_token_is_granted_the_same_fence(redis_cli
     first = lock.do_acquire("t" * 32, 0)
     second = lock.do_acquire("t" * 32, 0)  # the reply of the first was "lost"
     assert first == second and first.granted and first.count == 1
-    assert redis_client.get("sl:lock:{retry}:fence") == str(first.fence).encode()
+    assert last_fence(redis_client, "sl:lock:{retry}") == first.fence
 
 
 # -- ownership -------------------------------------------------------------------
@@ -128,7 +133,7 @@ def test_expired_lock_is_free_to_others(redis_client):
     holder = Lock("exp", ttl=30)
     holder.acquire()
     redis_client.pexpire("sl:lock:{exp}", 1)  # the lease runs out now
-    wait_until(lambda: not redis_client.exists("sl:lock:{exp}"), what="expiry")
+    wait_until(lambda: not held(redis_client, "sl:lock:{exp}"), what="expiry")
     other = Lock("exp", ttl=30, timeout=0)
     assert other.acquire()
     assert other.fence > holder.fence
@@ -213,9 +218,9 @@ def test_reentrant_owner_counts_holds_and_only_the_last_release_frees(redis_clie
     inner.release()
     outer.release()
     assert parse_record(redis_client.get("sl:lock:{re}"))["count"] == "1"
-    assert redis_client.exists("sl:lock:{re}")
+    assert held(redis_client, "sl:lock:{re}")
     outer.release()
-    assert not redis_client.exists("sl:lock:{re}")
+    assert not held(redis_client, "sl:lock:{re}")
     with Lock("re", ttl=10, reentrant=True) as again:
         assert again.fence > first_fence
 
@@ -226,7 +231,7 @@ def test_any_reentrant_lock_object_of_the_owning_thread_holds_and_releases(redis
     second = Lock("re-any", ttl=30, reentrant=True)  # another object, the same owner
     assert second.owned() and second.fence == first.fence and second.token == first.token
     second.release()  # releases the thread's hold, whichever object took it
-    assert not redis_client.exists(first.keys.lock)
+    assert not held(redis_client, first.keys.lock)
     assert not first.owned()
     with pytest.raises(LockError):
         first.release()  # nothing left to release
@@ -257,7 +262,7 @@ def test_a_reentrant_hold_dropped_without_a_release_does_not_fail_the_next_acqui
 
         granted, fence = pool.submit(later_request).result()
     assert granted and fence is not None and fence > first_fence
-    assert not redis_client.exists("sl:lock:{re-dropped}")
+    assert not held(redis_client, "sl:lock:{re-dropped}")
 
 
 # -- wake-up on release ------------------------------------------------------------
@@ -365,13 +370,13 @@ def test_watchdog_keeps_a_lock_alive_past_its_ttl_and_stops_at_release(redis_cli
     lock.acquire()
     hold_for([lock], 3, redis_client)
     lock.release()
-    assert not redis_client.exists("sl:lock:{wd}")
+    assert not held(redis_client, "sl:lock:{wd}")
     # Watch another watchdog lock get renewed twice; the released one stays gone.
     probe = Lock("wd-probe", ttl=1.0, watchdog=True)
     probe.acquire()
     for _ in range(2):
         renewed(lambda: redis_client.pttl(probe.keys.lock), "the probe's lease")
-    assert not redis_client.exists("sl:lock:{wd}", "sl:lock:{wd}:waiters")
+    assert not held(redis_client, "sl:lock:{wd}")
     probe.release()
     assert not lock.lost
 
@@ -440,7 +445,7 @@ def test_replica_check_undoes_a_grant_no_replica_confirms(redis_client):
         with pytest.raises(LockNotReplicated) as info:
             lock.acquire()
     assert info.value.required == 1 and info.value.confirmed == 0
-    assert not redis_client.exists("sl:lock:{repl}")
+    assert not held(redis_client, "sl:lock:{repl}")
 
 
 def test_replica_check_passes_with_a_live_replica(redis_factory, use_redis):
@@ -521,12 +526,10 @@ def test_reentry_after_the_lease_ended_raises_and_grants_nothing(redis_client):
     lock.acquire()
     first_fence = lock.fence
     redis_client.pexpire(lock.keys.lock, 1)  # the lease ends now
-    wait_until(lambda: not redis_client.exists(lock.keys.lock), what="lease end")
-    counter = redis_client.get(lock.keys.fence)
+    wait_until(lambda: not held(redis_client, lock.keys.lock), what="lease end")
     with pytest.raises(LockNotOwned):
         lock.acquire()
-    assert not redis_client.exists(lock.keys.lock)  # no fresh lease...
-    assert redis_client.get(lock.keys.fence) == counter  # ...and no new fence
+    assert not redis_client.exists(lock.keys.lock, lock.keys.fence)  # no fresh lease
     assert lock.fence == first_fence and lock.lost
     with pytest.raises(LockNotOwned):
         lock.release()
@@ -541,7 +544,7 @@ def test_reentry_after_the_lease_ended_raises_and_grants_nothing(redis_client):
     redis_client.delete(owner.keys.lock)
     assert owner.acquire() and owner.fence > first_fence
     owner.release()
-    assert not redis_client.exists(owner.keys.lock)
+    assert not held(redis_client, owner.keys.lock)
     with pytest.raises(LockError):
         owner.release()  # nothing left over from the lost hold
 
@@ -587,9 +590,9 @@ def test_a_reentrant_lock_shared_by_threads_keeps_each_threads_hold_apart(redis_
     third = threading.Thread(target=thread_c)
     third.start()
     third.join(TIMEOUT)
-    assert redis_client.exists(shared.keys.lock)  # C's release did not free A's hold
+    assert held(redis_client, shared.keys.lock)  # C's release did not free A's hold
     redis_client.pexpire(shared.keys.lock, 1)  # A's lease ends
-    wait_until(lambda: not redis_client.exists(shared.keys.lock), what="A's lease end")
+    wait_until(lambda: not held(redis_client, shared.keys.lock), what="A's lease end")
     a_lost.set()
     for thread in threads:
         thread.join(TIMEOUT)
@@ -598,7 +601,7 @@ def test_a_reentrant_lock_shared_by_threads_keeps_each_threads_hold_apart(redis_
     assert seen["a_owned"] is False and seen["a_fence_after"] == seen["a_fence"]
     assert seen["a_release"] == "LockNotOwned"
     assert seen["b_owned"] is True
-    assert not redis_client.exists(shared.keys.lock)
+    assert not held(redis_client, shared.keys.lock)
 
 
 def test_a_repeated_release_reports_success_a_lapsed_lease_does_not(redis_client):
@@ -613,11 +616,11 @@ def test_a_repeated_release_reports_success_a_lapsed_lease_does_not(redis_client
     assert lock.do_release(token, 1) == RELEASED  # the first reply was "lost"
     with Lock("again", ttl=30, timeout=0):  # another holder took it meanwhile
         assert lock.do_release(token, 1) == RELEASED  # still recognised as ours, done
-        assert redis_client.exists(lock.keys.lock)  # and theirs untouched
+        assert held(redis_client, lock.keys.lock)  # and theirs untouched
     lapsed = Lock("again", ttl=30)
     lapsed.acquire()
     redis_client.pexpire(lapsed.keys.lock, 1)
-    wait_until(lambda: not redis_client.exists(lapsed.keys.lock), what="lease end")
+    wait_until(lambda: not held(redis_client, lapsed.keys.lock), what="lease end")
     assert lapsed.do_release(lapsed.token, 1) == NOT_OWNED
     with Lock("again", ttl=30, timeout=0), pytest.raises(LockNotOwned):
         lapsed.release()
@@ -630,7 +633,7 @@ def test_a_late_copy_of_a_given_up_acquire_is_refused(redis_client):
     )  # the caller gave up on a try whose request is still on its way
     with pytest.raises(LockError):
         lock.do_acquire("t" * 32, 0)  # ...and it lands now: nothing granted
-    assert not redis_client.exists(lock.keys.lock)
+    assert not held(redis_client, lock.keys.lock)
 
 
 def test_a_force_released_holder_is_told_it_lost_the_lock(redis_client):
@@ -644,17 +647,25 @@ def test_a_force_released_holder_is_told_it_lost_the_lock(redis_client):
 
 
 def test_fences_never_fall_below_the_redis_clock_when_the_counter_is_behind(redis_client):
+    key = "sl:lock:{behind}"
     with Lock("behind", ttl=5) as first:
         pass
-    redis_client.set("sl:lock:{behind}:fence", 5)  # a restore from an old snapshot
+    redis_client.set(key, tombstone(5), px=60_000)  # a restore from an old snapshot
     with Lock("behind", ttl=5) as after:
         seconds, micros = redis_client.time()
         assert first.fence < after.fence <= seconds * 1_000_000 + micros
-    redis_client.set("sl:lock:{behind}:fence", after.fence + 10**12)  # ahead of the clock
+    redis_client.set(key, tombstone(after.fence + 10**12), px=60_000)  # ahead of the clock
     with Lock("behind", ttl=5) as ahead:
         assert ahead.fence == after.fence + 10**12 + 1
-    # Kept until the clock has passed it (10**12 us: 10**9 ms ahead), and a minute more.
-    assert 10**9 < redis_client.pttl("sl:lock:{behind}:fence") <= 10**9 + 60_000
+        # A fence ahead of the clock is also kept apart, in case the lease runs out:
+        # until the clock has passed it (10**12 us: 10**9 ms ahead), and a minute more.
+        assert 10**9 < redis_client.pttl(f"{key}:fence") <= 10**9 + 60_000
+    # ...and so is the tombstone its release leaves.
+    assert last_fence(redis_client, key) == ahead.fence
+    assert 10**9 < redis_client.pttl(key) <= 10**9 + 60_000
+    redis_client.delete(key)  # as if the lease had run out: the counter kept apart counts
+    with Lock("behind", ttl=5) as later:
+        assert later.fence == ahead.fence + 1
 
 
 def test_the_fence_counter_is_kept_a_minute_after_the_clock_passed_it_not_a_day(redis_client):
@@ -663,26 +674,28 @@ def test_the_fence_counter_is_kept_a_minute_after_the_clock_passed_it_not_a_day(
         with Lock("order:77", ttl=5) as lock:
             fences.append(lock.fence)
     assert fences == sorted(set(fences))
-    # Each grant's fence is the Redis clock: the counter is kept FENCE_RETENTION, a minute.
-    assert 55_000 < redis_client.pttl("sl:lock:{order:77}:fence") <= 60_000
-    # ...and never less than a lease (a record without the fence reads the counter).
+    # Each grant's fence is the Redis clock: the tombstone that carries it is kept
+    # FENCE_RETENTION, a minute, and no counter is written apart.
+    assert 55_000 < redis_client.pttl("sl:lock:{order:77}") <= 60_000
+    assert not redis_client.exists("sl:lock:{order:77}:fence")
+    # While held, the record carries it, for the lease.
     with Lock("order:77", ttl=300):
-        assert 295_000 < redis_client.pttl("sl:lock:{order:77}:fence") <= 300_000
+        assert 295_000 < redis_client.pttl("sl:lock:{order:77}") <= 300_000
 
 
 def test_a_grant_after_the_fence_counter_expired_still_gets_a_higher_fence(redis_client):
     with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "FENCE_RETENTION": 0.05}):
         with Lock("order:78", ttl=0.1) as first:
             pass
-        # The counter expires 50 ms after the clock passed the fence, not before the lease.
-        assert 0 < redis_client.pttl("sl:lock:{order:78}:fence") <= 100
+        # The tombstone expires 50 ms after the clock passed the fence.
+        assert 0 < redis_client.pttl("sl:lock:{order:78}") <= 50
         wait_until(
-            lambda: not redis_client.exists("sl:lock:{order:78}:fence"),
-            what="the fence counter expired",
+            lambda: not redis_client.exists("sl:lock:{order:78}"),
+            what="the tombstone expired",
         )
         with Lock("order:78", ttl=0.1) as after:
             assert after.fence > first.fence  # the Redis clock alone: above every earlier one
-        assert redis_client.get("sl:lock:{order:78}:fence") == str(after.fence).encode()
+        assert last_fence(redis_client, "sl:lock:{order:78}") == after.fence
 
 
 @pytest.mark.parametrize(

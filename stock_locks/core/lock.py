@@ -10,7 +10,7 @@ releases it), and ``hand_off()`` lets the giving side stop holding it without
 releasing.
 
 Every call is safe to repeat. The backend remembers the last few released
-tokens of a lock name for up to one lease, so a release repeated after a lost
+tokens of a lock name in its lock key, so a release repeated after a lost
 reply reports success, and an acquire whose caller gave up (an error or an
 interrupt mid-round-trip) is given back by one bounded round trip that also
 makes a late copy of that try be refused when it lands.

@@ -1,18 +1,18 @@
 -- Grant a lock, or re-grant it to the token that already holds it.
 --
--- KEYS[1] lock key: one string, the holder's record, expiring with the lease:
---         token \n fence \n count \n ttl ms \n acquired_at ms \n ARGV[5]
---         (ARGV[5]: thread \n host \n pid \n watchdog \n caller, from the client)
--- KEYS[2] fencing counter (the last fence granted; expires ARGV[6] ms after the
---         Redis clock passes it, and not before the lease ends)
--- KEYS[3] waiters flag (a string a refusal sets; the release's DEL of the lock
---         and this key counts it, so a release learns of waiters for free)
--- KEYS[4] held-locks index (zset lock key -> lease end, ms; one per hash slot on a cluster)
--- KEYS[5] released tokens (list, newest first; see lock_release.lua)
+-- KEYS[1] lock key: the holder's record while held, a tombstone for a while after a
+--         release (the fence counter and the released tokens); see lib/lock_record.lua
+-- KEYS[2] fencing counter: read only when the lock key is gone (a name's first use or
+--         a lease that ran out), written only for a fence ahead of the Redis clock,
+--         and by RedLock's fence rule (ARGV[7] 'counter') as before
+-- KEYS[3] held-locks index (zset lock key -> until when the name is listed, ms; one
+--         per hash slot on a cluster): a name is added again only when its entry
+--         would end before the new lease, for two leases, so a lock taken and given
+--         back over and over writes it about once a lease
 -- ARGV[1] token          ARGV[2] lease in ms
 -- ARGV[3] how many times this token already holds the lock (0 = fresh)
 -- ARGV[4] "1" when the caller waited before this try, else "0"
--- ARGV[5] the holder's description (see KEYS[1]; no newline but between fields)
+-- ARGV[5] the holder's description (thread \n host \n pid \n watchdog \n caller)
 -- ARGV[6] fencing counter retention in ms (FENCE_RETENTION): how long the counter
 --         outlives the moment the Redis clock passes the last fence
 -- ARGV[7] (optional) fence rule: 'clock' (default) or 'counter' (RedLock: see below)
@@ -22,9 +22,9 @@
 -- gets the same answer instead of stranding the lock.
 -- Returns {0, pttl} when another token holds it: pttl is the holder's remaining
 -- lease in ms (-1 when the key has no expiry), the longest a waiter must wait.
--- A refusal sets the waiters flag (for the holder's lease), so that its release
--- wakes one. A grant to a caller that waited sets it too: others may still be
--- waiting, and its own release must wake the next of them.
+-- A refusal marks the holder's record 'waiting', so that its release wakes one. A
+-- grant to a caller that waited is marked too: others may still be waiting, and its
+-- own release must wake the next of them.
 -- Returns {2} for a re-entry (ARGV[3] > 0) whose token no longer holds the lock
 -- (its lease ran out, or it was force-released): nothing is granted.
 -- Returns {3} for a token already released or given up (a late copy of a try
@@ -32,80 +32,80 @@
 --
 -- A fresh grant's fence is max(last fence + 1, Redis clock in microseconds):
 -- fences rise across a restart that lost the counter and across a restore from
--- an older snapshot (whose counter is behind), so the counter may expire. It is
--- needed only until the clock has passed the last fence: then the clock alone
--- gives more. So it expires ARGV[6] ms after that (the margin for the clock
--- stepping back), never before the lease ends: (fence - now_us) / 1000 + ARGV[6]
--- ms from now, usually just ARGV[6] (the fence is the clock).
--- With ARGV[7] 'counter' it is last fence + 1, and the clock only when the
+-- an older snapshot (whose counter is behind), so the counter may expire. The last
+-- fence is the record's (then the tombstone's) 'last' field; only a fence ahead of
+-- the clock (the clock stepped back) is also written to KEYS[2], until the clock has
+-- passed it plus ARGV[6] ms, so that it outlives a lease that runs out.
+-- With ARGV[7] 'counter' it is the counter KEYS[2] + 1, and the clock only when the
 -- counter is missing: RedLock's masters then agree on the fence of a grant, and
 -- its client usually needs no second round trip to make them agree (lock_fence.lua
--- when they disagree; backends/redlock.py).
+-- when they disagree; backends/redlock.py). That counter is written on every grant.
 -- include lib/now.lua
-if ARGV[3] == '0' and redis.call('LPOS', KEYS[5], ARGV[1]) then
-  return {3}
-end
-local record = redis.call('GET', KEYS[1])
-if not record then
-  if ARGV[3] ~= '0' then
-    return {2}
-  end
-  -- Free: a fresh grant. The fence comes first, so that the grant is one SET of the
-  -- whole record (a refused try never touches the counter).
-  local fence = string.format('%d', now_us)
-  local lease, margin = tonumber(ARGV[2]), tonumber(ARGV[6])
-  local keep = math.max(lease, margin)  -- the counter's expiry (ms) when fence = now_us
-  if ARGV[7] == 'counter' then
-    local last = redis.call('GET', KEYS[2])
-    if last then
-      fence = string.format('%d', tonumber(last) + 1)
-      keep = math.max(lease, math.ceil((tonumber(fence) - now_us) / 1000) + margin)
+-- include lib/lock_record.lua
+local r = read(redis.call('GET', KEYS[1]))
+local lease = tonumber(ARGV[2])
+if r and r.token ~= '' then
+  if r.token ~= ARGV[1] then
+    if ARGV[3] ~= '0' then
+      return {2}
     end
-    redis.call('SET', KEYS[2], fence, 'PX', keep)
-  else
-    -- The clock is almost always ahead: write it, and look at what was there.
-    local last = redis.call('SET', KEYS[2], fence, 'PX', keep, 'GET')
-    if last and tonumber(last) >= tonumber(fence) then
-      fence = string.format('%d', tonumber(last) + 1)
-      keep = math.max(lease, math.ceil((tonumber(fence) - now_us) / 1000) + margin)
-      redis.call('SET', KEYS[2], fence, 'PX', keep)
+    local pttl = redis.call('PTTL', KEYS[1])
+    if r.waiting ~= '1' and r.holder then
+      r.waiting = '1'
+      redis.call('SET', KEYS[1], record(r), 'KEEPTTL')
     end
+    return {0, pttl}
   end
-  redis.call('SET', KEYS[1],
-    ARGV[1] .. '\n' .. fence .. '\n1\n' .. ARGV[2] .. '\n' .. now .. '\n' .. ARGV[5],
-    'PX', ARGV[2])
-  if ARGV[4] == '1' then
-    redis.call('SET', KEYS[3], 1, 'PX', ARGV[2])
-  end
-  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), KEYS[1])
-  if now_us % 64 == 0 then  -- (as TIME's microsecond field % 64: 64 divides 10^6)
-    -- Now and then, drop the entries of leases that ended without a release.
-    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-  end
-  return {1, tonumber(fence), 1}
-end
-local cut = string.find(record, '\n', 1, true)
-if (cut and string.sub(record, 1, cut - 1) or record) == ARGV[1] then
   -- Held by this token: a re-entry, or a repeated try. Same fence, one hold more.
-  local fence, _, rest = string.match(record, '^[^\n]*\n([^\n]*)\n([^\n]*)\n(.*)$')
-  if not fence then  -- a record without the holder's fields
-    fence = redis.call('GET', KEYS[2]) or '0'
-    rest = ARGV[2] .. '\n' .. now .. '\n' .. ARGV[5]
+  if not r.holder then  -- a record without the holder's fields
+    r.fence = r.fence or redis.call('GET', KEYS[2]) or '0'
+    r.ttl, r.acquired_at, r.holder = ARGV[2], now, ARGV[5]
+    r.last = math.max(r.last, tonumber(r.fence))
   end
-  local count = tonumber(ARGV[3]) + 1
-  redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. fence .. '\n' .. count .. '\n' .. rest,
-    'PX', ARGV[2])
-  redis.call('PEXPIRE', KEYS[3], ARGV[2])
-  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), KEYS[1])
-  return {1, tonumber(fence), count}
+  r.count = tonumber(ARGV[3]) + 1
+  if r.indexed < now + lease then
+    r.indexed = now + 2 * lease
+    redis.call('ZADD', KEYS[3], r.indexed, KEYS[1])
+  end
+  redis.call('SET', KEYS[1], record(r), 'PX', lease)
+  return {1, tonumber(r.fence), r.count}
 end
 if ARGV[3] ~= '0' then
   return {2}
 end
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl > 0 then
-  redis.call('SET', KEYS[3], 1, 'PX', pttl)
-elseif pttl == -1 then
-  redis.call('SET', KEYS[3], 1)
+if r and remembered(r, ARGV[1]) then
+  return {3}
 end
-return {0, pttl}
+-- Free: a fresh grant.
+r = r or {last = 0, indexed = 0, released = ''}
+local margin = tonumber(ARGV[6])
+local fence = now_us
+if ARGV[7] == 'counter' then
+  local last = redis.call('GET', KEYS[2])
+  if last then
+    fence = tonumber(last) + 1
+  end
+  local keep = math.max(lease, math.ceil((fence - now_us) / 1000) + margin)
+  redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', keep)
+else
+  if r.token == nil then  -- no tombstone: a counter ahead of the clock may be left
+    r.last = tonumber(redis.call('GET', KEYS[2]) or '0')
+  end
+  if r.last >= fence then
+    fence = r.last + 1
+    local keep = math.max(lease, math.ceil((fence - now_us) / 1000) + margin)
+    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', keep)
+  end
+end
+r.token, r.fence, r.count, r.ttl, r.acquired_at, r.holder =
+  ARGV[1], string.format('%d', fence), 1, ARGV[2], now, ARGV[5]
+r.last = math.max(r.last, fence)
+r.waiting = ARGV[4] == '1' and '1' or '0'
+if r.indexed < now + lease then
+  r.indexed = now + 2 * lease
+  redis.call('ZADD', KEYS[3], r.indexed, KEYS[1])
+  -- Drop the entries of names whose listing ended (released or lapsed leases).
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+end
+redis.call('SET', KEYS[1], record(r), 'PX', lease)
+return {1, fence, 1}

@@ -1,16 +1,12 @@
 -- Release a lock held by a token, and wake one waiter if any was refused.
 --
--- KEYS[1] lock key (the holder's record: token \n fence \n count \n ...; see
---         lock_acquire.lua)
--- KEYS[2] waiters flag (set by a refused try)   KEYS[3] wake-up signal list
--- KEYS[4] released tokens (list, newest first: at least the ARGV[5] latest
---         tokens released, given up or force-released; expires ARGV[4] ms
---         after it was created)
--- KEYS[5] held-locks index (zset lock key -> lease end)
+-- KEYS[1] lock key (the holder's record, then a tombstone; see lib/lock_record.lua)
+-- KEYS[2] wake-up signal list   KEYS[3] fencing counter (see lock_acquire.lua)
 -- ARGV[1] token
 -- ARGV[2] count: how many times the token holds the lock (1 unless reentrant)
 -- ARGV[3] how long the wake-up signal waits for a waiter, ms
--- ARGV[4] how long the released-tokens list lives once created, ms (one lease)
+-- ARGV[4] fencing counter retention (FENCE_RETENTION), ms: the tombstone left by a
+--         release lives this long after the Redis clock passed the last fence
 -- ARGV[5] how many released tokens are remembered
 -- ARGV[6] mode: 'release'; 'abandon' (after a failed or interrupted acquire:
 --         also remember the token when it holds nothing, so that a late copy
@@ -25,48 +21,61 @@
 -- a repeat whose first reply was lost), 2 when a reentrant hold was only
 -- decremented (still held), 0 when the token does not hold it (nothing
 -- changed).
+--
+-- The released tokens are remembered in the lock key itself (the tombstone, then the
+-- next holder's record, which carries them on): a release repeated after another
+-- holder took the lock still finds its token.
+-- include lib/lock_record.lua
 local entry = ARGV[1]
 if ARGV[6] == 'force' then
   entry = '!' .. ARGV[1]
 end
-local function remember()
-  local length = redis.call('LPUSH', KEYS[4], entry)
-  if length == 1 then
-    redis.call('PEXPIRE', KEYS[4], ARGV[4])
-  elseif length > 2 * tonumber(ARGV[5]) then
-    redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[5]) - 1)  -- (once every ARGV[5] pushes)
-  end
-end
-local record = redis.call('GET', KEYS[1])
-local cut = record and string.find(record, '\n', 1, true)
-if not record or (cut and string.sub(record, 1, cut - 1) or record) ~= ARGV[1] then
-  if redis.call('LPOS', KEYS[4], entry) then
+local kept = tonumber(ARGV[5])
+local retention = tonumber(ARGV[4])
+local r = read(redis.call('GET', KEYS[1]))
+if not r or r.token ~= ARGV[1] then
+  if r and remembered(r, entry) then
     return 1
   end
   if ARGV[6] == 'abandon' then
-    remember()
+    if not r then  -- nothing there: a tombstone that remembers the token
+      r = {last = tonumber(redis.call('GET', KEYS[3]) or '0'), indexed = 0, released = ''}
+      remember(r, entry, kept)
+      redis.call('SET', KEYS[1], tombstone(r), 'PX', retention)
+    elseif r.token == '' or r.holder then
+      remember(r, entry, kept)
+      redis.call('SET', KEYS[1], r.token == '' and tombstone(r) or record(r), 'KEEPTTL')
+    end
   end
   return 0
 end
 local count = tonumber(ARGV[2])
 if count > 1 then
-  local fence, rest = string.match(record, '^[^\n]*\n([^\n]*)\n[^\n]*\n(.*)$')
-  if fence then
-    redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. fence .. '\n' .. (count - 1) .. '\n' .. rest,
-      'KEEPTTL')
+  if r.holder then
+    r.count = count - 1
+    redis.call('SET', KEYS[1], record(r), 'KEEPTTL')
   end
   return 2
 end
--- One DEL of the lock and its waiters flag: 2 when a refused try set the flag.
-local waiters = redis.call('DEL', KEYS[1], KEYS[2]) > 1
-redis.call('ZREM', KEYS[5], KEYS[1])
-if ARGV[6] ~= 'retract' then
-  remember()
+if ARGV[6] == 'retract' then
+  redis.call('DEL', KEYS[1])  -- (RedLock's fences are its counter's, KEYS[3])
+  return 1
 end
-if waiters then
+remember(r, entry, kept)
+-- The tombstone keeps the last fence until the Redis clock has passed it, plus the
+-- retention. A fence is the clock at its grant unless the clock stepped back: read
+-- the clock only then.
+local ttl = retention
+local granted = tonumber(r.acquired_at)
+if not granted or r.last >= (granted + 1) * 1000 then
+-- include lib/now.lua
+  ttl = math.max(retention, math.ceil((r.last - now_us) / 1000) + retention)
+end
+redis.call('SET', KEYS[1], tombstone(r), 'PX', ttl)
+if r.waiting == '1' then
   -- One element: a release wakes one waiter, whose own release wakes the next.
-  redis.call('DEL', KEYS[3])
-  redis.call('RPUSH', KEYS[3], 1)
-  redis.call('PEXPIRE', KEYS[3], ARGV[3])
+  redis.call('DEL', KEYS[2])
+  redis.call('RPUSH', KEYS[2], 1)
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
 return 1

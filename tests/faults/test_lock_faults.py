@@ -25,6 +25,7 @@ from stock_locks.exceptions import LockError, LockNotOwned, StaleFencingToken
 from stock_locks.fencing import fenced_update
 from tests.inventory.models import Item
 from tests.support.fault_proxy import RETRIES, Interrupted, client_through, raise_interrupted
+from tests.support.lock_state import held, last_fence
 from tests.support.processes import event, start_process
 from tests.support.redis_stats import commandstats
 from tests.support.waiting import TIMEOUT, wait_until
@@ -81,7 +82,7 @@ def test_reentry_after_the_lease_ended_is_refused_and_its_stale_write_too(redis_
         state, old_fence = report.get(timeout=TIMEOUT)
         assert state == "held"
         redis_client.pexpire("sl:lock:{item:kettle}", 1)  # the lease ends now
-        wait_until(lambda: not redis_client.exists("sl:lock:{item:kettle}"), what="lease end")
+        wait_until(lambda: not held(redis_client, "sl:lock:{item:kettle}"), what="lease end")
         lease_gone.set()
         second = start_process(_newer_holder, report, item.pk)
         state, newer_fence = report.get(timeout=TIMEOUT)
@@ -96,7 +97,7 @@ def test_reentry_after_the_lease_ended_is_refused_and_its_stale_write_too(redis_
         first.join(TIMEOUT)
     item.refresh_from_db()
     assert (item.on_hand, item.fence) == (100, newer_fence)  # the newer write stands
-    assert not redis_client.exists("sl:lock:{item:kettle}")  # nothing resurrected
+    assert not held(redis_client, "sl:lock:{item:kettle}")  # nothing resurrected
 
 
 # -- 2. one reentrant Lock object shared by threads -------------------------------------------
@@ -144,9 +145,9 @@ def test_threads_sharing_a_reentrant_lock_are_separate_owners(redis_client):
     intruder = threading.Thread(target=thread_c)
     intruder.start()
     intruder.join(TIMEOUT)
-    assert redis_client.exists("sl:lock:{item:kettle}")  # A's hold not released by C
+    assert held(redis_client, "sl:lock:{item:kettle}")  # A's hold not released by C
     redis_client.pexpire("sl:lock:{item:kettle}", 1)  # A's lease ends
-    wait_until(lambda: not redis_client.exists("sl:lock:{item:kettle}"), what="lease end")
+    wait_until(lambda: not held(redis_client, "sl:lock:{item:kettle}"), what="lease end")
     a_lease_gone.set()
     for thread in threads:
         thread.join(TIMEOUT)
@@ -156,7 +157,7 @@ def test_threads_sharing_a_reentrant_lock_are_separate_owners(redis_client):
     assert seen["a_write"] == "refused"
     item.refresh_from_db()
     assert (item.on_hand, item.fence) == (100, seen["b_fence"])
-    assert not redis_client.exists("sl:lock:{item:kettle}")
+    assert not held(redis_client, "sl:lock:{item:kettle}")
 
 
 # -- 3. acquire() or release() interrupted mid-round-trip ---------------------------------------
@@ -209,7 +210,7 @@ def test_an_acquire_interrupted_mid_round_trip_leaves_the_lock_free(
         lambda: commandstats(redis_client).get("cmdstat_evalsha") == 2,
         what="the late try and the give-back ran",
     )
-    assert not redis_client.exists("sl:lock:{stalled}", "sl:lock:{stalled}:waiters")
+    assert not held(redis_client, "sl:lock:{stalled}")
     assert Lock("stalled", ttl=10, timeout=0).acquire()
 
 
@@ -256,13 +257,13 @@ def test_a_release_interrupted_mid_round_trip_still_frees_the_lock(
     finally:
         proxy.resume()
     if network == "loses the requests":
-        assert redis_client.exists("sl:lock:{held}")  # still held: nothing arrived
+        assert held(redis_client, "sl:lock:{held}")  # still held: nothing arrived
     # The interrupted call did not forget the hold, so it can be released again
     # (after a late delivery, that repeat reports the release that happened).
     again.set()
     assert report.get(timeout=TIMEOUT) == "released"
     child.join(TIMEOUT)
-    wait_until(lambda: not redis_client.exists("sl:lock:{held}"), what="the lock freed")
+    wait_until(lambda: not held(redis_client, "sl:lock:{held}"), what="the lock freed")
     assert Lock("held", ttl=10, timeout=0).acquire()
 
 
@@ -286,7 +287,7 @@ def test_a_release_whose_reply_was_lost_reports_success(
     proxy.lose_reply(b"EVALSHA")
     lock.release()  # it ran, its reply was lost; the repeat learns that it happened
     assert proxy.lost == 1
-    assert not redis_client.exists("sl:lock:{lost}")
+    assert not held(redis_client, "sl:lock:{lost}")
     with pytest.raises(LockError):
         lock.release()  # and the hold is gone on this side too
 
@@ -327,7 +328,7 @@ def test_fences_keep_rising_after_a_restore_from_an_older_snapshot(redis_factory
     item = _item()
     fenced_update(_rows(item.pk), after_backup[-3], on_hand=50)  # newest "item:kettle"
     server.restart(snapshot=snapshot)
-    assert server.client().exists("sl:lock:{item:kettle}:fence")  # restored, older
+    assert last_fence(server.client(), "sl:lock:{item:kettle}")  # its tombstone, older
     restored = _grant_fences(server.client(), names)
     assert min(restored) > max(before + after_backup)
     # A write under a fresh grant is accepted; one with a fence from before the

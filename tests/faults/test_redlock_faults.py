@@ -26,11 +26,9 @@ from tests.support.waiting import wait_until
 
 def _held_on(servers, name: str) -> list:
     key = lock_keys(name).lock
-    # (the token of each master's record of the holder)
-    return [
-        None if (record := server.client().get(key)) is None else token_of(record).encode()
-        for server in servers
-    ]
+    # (the token of each master's record of the holder; None: free, or a tombstone)
+    tokens = [token_of(server.client().get(key)) for server in servers]
+    return [None if token is None else token.encode() for token in tokens]
 
 
 def test_one_master_of_three_killed_still_grants_and_fences_rise(redlock):

@@ -229,7 +229,7 @@ class RedisBackend(Backend):
         self, spec: LockSpec, token: str, count: int, mode: ReleaseMode
     ) -> Operation[ReleaseOutcome]:
         assert isinstance(spec, RedisLockSpec)
-        argv = release_argv(token, count, spec.ttl_ms, mode)
+        argv = release_argv(token, count, mode)
         reply = yield from script(scripts.LOCK_RELEASE, spec.release_keys, argv, spec.release_head)
         return ReleaseOutcome.of(reply)
 

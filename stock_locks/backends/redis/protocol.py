@@ -23,8 +23,9 @@ from ...keys import LockKeys, SemaphoreKeys
 from ...scripts import LOCK_ACQUIRE, LOCK_RELEASE
 from ..base import Attempt, LockSpec, ReleaseMode, _Codes
 
-# How many released tokens a lock name remembers, so that a repeated release
-# (its first reply lost) still finds its own after this many more releases.
+# How many released tokens a lock name remembers (in its lock key: the tombstone a
+# release leaves, then the next holder's record), so that a repeated release (its
+# first reply lost) still finds its own after this many more releases.
 RELEASED_KEPT = 8
 
 
@@ -60,11 +61,15 @@ def score_pairs(reply: Sequence[Any]) -> list[tuple[Any, float]]:
 
 # -- the holder's record ------------------------------------------------------------------
 
-# The holder's record (the lock key's value, lock_acquire.lua) is one string of
-# fields separated by newlines: token, fence, count, ttl ms, acquired_at ms (Redis
-# clock), thread, host, pid, watchdog ("1"/"0"), caller.
+# The holder's record (the lock key's value, lua/lib/lock_record.lua) is one string
+# of fields separated by newlines: token, fence, count, ttl ms, acquired_at ms (Redis
+# clock), thread, host, pid, watchdog ("1"/"0"), caller, then the name's state carried
+# from grant to grant: the last fence, whether a refused try waits, until when the
+# held-locks index lists it, and the tokens released lately. After a release the key
+# holds a tombstone (an empty token, then that state): the lock is free.
 RECORD_FIELDS = (
     "token", "fence", "count", "ttl", "acquired_at", "thread", "host", "pid", "watchdog", "caller",
+    "last", "waiting", "indexed", "released",
 )  # fmt: skip
 
 
@@ -98,39 +103,45 @@ def acquire_argv(token: str, ttl_ms: int, count: int, holder: str, waited: bool)
 
 
 def release_argv(
-    token: str, count: int, ttl_ms: int, mode: ReleaseMode = ReleaseMode.RELEASE
+    token: str, count: int, mode: ReleaseMode = ReleaseMode.RELEASE
 ) -> tuple[Any, ...]:
-    """ARGV of ``lock_release.lua``: the list of released tokens lives ``ttl_ms`` (the
-    lock's lease) from its creation."""
+    """ARGV of ``lock_release.lua``: the tombstone it leaves (the last fence and the
+    released tokens) lives ``FENCE_RETENTION`` after the Redis clock passed the fence."""
     wake_ms = int(settings.WAKE_SIGNAL_TTL * 1000)
-    return (token, count, wake_ms, ttl_ms, RELEASED_KEPT, mode.value)
+    return (token, count, wake_ms, fence_retention_ms(), RELEASED_KEPT, mode.value)
 
 
 def acquire_keys(keys: LockKeys) -> tuple[str, ...]:
-    return (keys.lock, keys.fence, keys.waiters, keys.index, keys.released)
+    return (keys.lock, keys.fence, keys.index)
 
 
 def release_keys(keys: LockKeys) -> tuple[str, ...]:
-    return (keys.lock, keys.waiters, keys.signal, keys.released, keys.index)
+    return (keys.lock, keys.signal, keys.fence)
 
 
 def extend_keys(keys: LockKeys) -> tuple[str, ...]:
-    return (keys.lock, keys.waiters, keys.index)
+    return (keys.lock, keys.index)
 
 
 def token_of(record: Any) -> str | None:
-    """The token of a holder's record (the lock key's value; None: free)."""
+    """The token of a holder's record (the lock key's value; None: free, also for the
+    tombstone a release leaves, whose token is empty)."""
     if record is None:
         return None
     text: str = decoded(record)
-    return text.split("\n", 1)[0]
+    return text.split("\n", 1)[0] or None
 
 
 def parse_record(record: Any) -> dict[str, str]:
     """The fields of a holder's record (a bare token, e.g. written by another
-    client, has the token only)."""
+    client, has the token only). A tombstone (free) reads as an empty token."""
     values = decoded(record).split("\n", len(RECORD_FIELDS) - 1)
     return dict(zip(RECORD_FIELDS, values, strict=False))
+
+
+def is_held(record: Any) -> bool:
+    """Whether a lock key's value is a holder's record (not None, not a tombstone)."""
+    return token_of(record) is not None
 
 
 def lock_attempt(name: str, reply: Sequence[Any]) -> Attempt:
@@ -189,9 +200,8 @@ def lock_info(name: str, reply: Sequence[Any], backend: str = "default") -> Lock
 
 
 def force_argv(info: LockInfo) -> tuple[Any, ...]:
-    """ARGV of an operator's release of ``info``'s hold (remembered for its lease)."""
-    lifetime_ms = max(1, int((info.ttl or settings.LOCK_TTL) * 1000))
-    return release_argv(info.token, 1, lifetime_ms, ReleaseMode.FORCE)
+    """ARGV of an operator's release of ``info``'s hold."""
+    return release_argv(info.token, 1, ReleaseMode.FORCE)
 
 
 # -- semaphores ----------------------------------------------------------------------------

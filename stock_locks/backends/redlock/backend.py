@@ -286,7 +286,7 @@ class RedLockBackend(Backend):
     def lock_release(
         self, spec: LockSpec, token: str, count: int, mode: ReleaseMode
     ) -> Operation[ReleaseOutcome]:
-        argv = release_argv(token, count, spec.ttl_ms, mode)
+        argv = release_argv(token, count, mode)
         replies = yield from self._all(evalsha(scripts.LOCK_RELEASE, release_keys(spec.keys), argv))
         return self._release_outcome(f"release of {spec.name!r}", replies)
 

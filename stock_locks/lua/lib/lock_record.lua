@@ -1,0 +1,97 @@
+-- The lock key's value, read and written the same way by every lock script, included
+-- where the line "-- include lib/lock_record.lua" stands (stock_locks/scripts.py).
+--
+-- A held lock is the holder's record, one string of fields separated by newlines:
+--   token, fence, count, ttl ms, acquired_at ms (Redis clock), thread, host, pid,
+--   watchdog, caller (the holder's description, stock_locks/backends/redis/protocol.py),
+--   then the name's own state, carried from grant to grant:
+--   last      the highest fence granted (or proposed, RedLock) for the name
+--   waiting   '1' when a refused try may be waiting (its release then wakes one)
+--   indexed   until when (ms) the held-locks index lists the name
+--   released  the tokens most recently released or given up ('!' .. token: force
+--             released), newest first, separated by spaces
+-- A free lock whose name was used lately is a tombstone: an empty token, then
+--   last, indexed and released (the same meanings). It expires FENCE_RETENTION after
+--   the Redis clock passed last.
+-- A value written by something else (a bare token) reads as a record of that token
+-- with no fence.
+--
+-- Defines the local functions read(value) -> nil (no value) or a table with those
+-- fields (numbers for last and indexed, token '' for a tombstone); record(r) and
+-- tombstone(r), the values to write for such a table; remembered(r, entry), whether
+-- entry is among r.released; remember(r, entry, kept), entry put first in r.released,
+-- at most kept entries kept.
+local function read(value)
+  if not value then
+    return nil
+  end
+  if string.byte(value, 1) == 10 then  -- a tombstone
+    local last, indexed, released = string.match(value, '^\n(%d*)\n(%d*)\n?(.*)$')
+    return {token = '', last = tonumber(last) or 0, indexed = tonumber(indexed) or 0,
+      released = released or '', waiting = '0'}
+  end
+  -- The newlines after the first ten fields (plain finds: no pattern over the record).
+  local cuts, at = {}, 0
+  for i = 1, 10 do
+    at = string.find(value, '\n', at + 1, true)
+    if not at then
+      break
+    end
+    cuts[i] = at
+  end
+  local n = #cuts
+  local function field(i)
+    if i > n + 1 then
+      return nil
+    end
+    return string.sub(value, i == 1 and 1 or cuts[i - 1] + 1, (cuts[i] or #value + 1) - 1)
+  end
+  local r = {token = field(1), fence = field(2), count = field(3), ttl = field(4),
+    acquired_at = field(5), waiting = '0', indexed = 0, released = ''}
+  if n >= 9 then
+    if n == 10 then
+      r.holder = string.sub(value, cuts[5] + 1, cuts[10] - 1)
+      local last, waiting, indexed, released =
+        string.match(value, '^(%d*)\n(%d*)\n(%d*)\n(.*)$', cuts[10] + 1)
+      r.last, r.waiting = tonumber(last) or 0, waiting or '0'
+      r.indexed, r.released = tonumber(indexed) or 0, released or ''
+    else  -- a record without the name's state (an older version's)
+      r.holder = string.sub(value, cuts[5] + 1)
+    end
+  end
+  r.last = math.max(r.last or 0, tonumber(r.fence) or 0)
+  return r
+end
+
+local function record(r)
+  return r.token .. '\n' .. r.fence .. '\n' .. r.count .. '\n' .. r.ttl .. '\n' ..
+    r.acquired_at .. '\n' .. r.holder .. '\n' .. string.format('%d', r.last) .. '\n' ..
+    r.waiting .. '\n' .. string.format('%d', r.indexed) .. '\n' .. r.released
+end
+
+local function tombstone(r)
+  return '\n' .. string.format('%d', r.last) .. '\n' .. string.format('%d', r.indexed) ..
+    '\n' .. r.released
+end
+
+local function remembered(r, entry)
+  return r.released ~= '' and
+    string.find(' ' .. r.released .. ' ', ' ' .. entry .. ' ', 1, true) ~= nil
+end
+
+local function remember(r, entry, kept)
+  local list = r.released == '' and entry or entry .. ' ' .. r.released
+  local at, count = 0, 0
+  while true do
+    at = string.find(list, ' ', at + 1, true)
+    if not at then
+      break
+    end
+    count = count + 1
+    if count >= kept then
+      list = string.sub(list, 1, at - 1)
+      break
+    end
+  end
+  r.released = list
+end
