@@ -42,8 +42,43 @@
 -- when they disagree; backends/redlock.py). That counter is written on every grant.
 -- include lib/now.lua
 -- include lib/lock_record.lua
-local r = read(redis.call('GET', KEYS[1]))
+local value = redis.call('GET', KEYS[1])
 local lease = tonumber(ARGV[2])
+if ARGV[3] == '0' and ARGV[7] ~= 'counter' and (not value or string.byte(value, 1) == 10) then
+  -- The common case, written out: a fresh try on the clock rule finds the lock free
+  -- (no key, or a tombstone: see lib/lock_record.lua).
+  local last, indexed, released = 0, 0, ''
+  if value then
+    local l, i, rel = string.match(value, '^\n(%d*)\n(%d*)\n?(.*)$')
+    last, indexed, released = tonumber(l) or 0, tonumber(i) or 0, rel or ''
+    if released ~= '' and
+        string.find(' ' .. released .. ' ', ' ' .. ARGV[1] .. ' ', 1, true) then
+      return {3}
+    end
+  else  -- no tombstone: a counter ahead of the clock may be left
+    last = tonumber(redis.call('GET', KEYS[2]) or '0')
+  end
+  local fence = now_us
+  if last >= fence then
+    fence = last + 1
+    local keep = math.max(lease, math.ceil((fence - now_us) / 1000) + tonumber(ARGV[6]))
+    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', keep)
+  end
+  if indexed < now + lease then
+    indexed = now + 2 * lease
+    redis.call('ZADD', KEYS[3], indexed, KEYS[1])
+    -- Drop the entries of names whose listing ended (released or lapsed leases).
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  end
+  local f = string.format('%d', fence)
+  redis.call('SET', KEYS[1],
+    ARGV[1] .. '\n' .. f .. '\n1\n' .. ARGV[2] .. '\n' .. string.format('%d', now) .. '\n' ..
+    ARGV[5] .. '\n' .. f .. '\n' .. (ARGV[4] == '1' and '1' or '0') .. '\n' ..
+    string.format('%d', indexed) .. '\n' .. released,
+    'PX', lease)
+  return {1, fence, 1}
+end
+local r = read(value)
 if r and r.token ~= '' then
   if r.token ~= ARGV[1] then
     if ARGV[3] ~= '0' then
