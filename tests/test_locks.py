@@ -75,7 +75,15 @@ def test_uncontended_cycle_is_two_round_trips(redis_server, redis_client):
         lock.acquire()
         lock.release()
     assert CountingConnection.replies == 20
-    assert commandstats(redis_client)["cmdstat_evalsha"] == 20
+    stats = commandstats(redis_client)
+    assert stats["cmdstat_evalsha"] == 20
+    # Six server commands a cycle, those run by the scripts included: EVALSHA, TIME,
+    # GET, SET (the grant); EVALSHA, SET ... GET (the release writes the tombstone and
+    # reads the record it replaced).
+    calls = {k: v for k, v in stats.items() if "config" not in k}
+    assert calls == {
+        "cmdstat_evalsha": 20, "cmdstat_time": 10, "cmdstat_get": 10, "cmdstat_set": 20,
+    }  # fmt: skip
 
 
 def test_all_keys_of_a_lock_share_one_hash_slot(redis_client):
@@ -624,6 +632,34 @@ def test_a_repeated_release_reports_success_a_lapsed_lease_does_not(redis_client
     assert lapsed.do_release(lapsed.token, 1) == NOT_OWNED
     with Lock("again", ttl=30, timeout=0), pytest.raises(LockNotOwned):
         lapsed.release()
+
+
+def test_a_release_after_the_lock_changed_hands_puts_the_new_record_back(redis_client):
+    # The release writes its tombstone first and reads what it replaced: when that is
+    # another holder's record (this lease ran out and it was taken), it is put back
+    # as it was, expiry included, and the release is told it no longer holds the lock.
+    lock = Lock("handed", ttl=30)
+    lock.acquire()
+    redis_client.pexpire(lock.keys.lock, 1)  # the lease runs out
+    wait_until(lambda: not held(redis_client, lock.keys.lock), what="lease end")
+    other = Lock("handed", ttl=20, timeout=0)
+    assert other.acquire()
+    record, lease_left = redis_client.get(lock.keys.lock), redis_client.pttl(lock.keys.lock)
+    with pytest.raises(LockNotOwned):
+        lock.release()
+    assert redis_client.get(lock.keys.lock) == record
+    assert lease_left - 1_000 < redis_client.pttl(lock.keys.lock) <= lease_left
+    other.release()
+    assert not held(redis_client, lock.keys.lock)
+    # A tombstone found there is put back too, and nothing is freed twice.
+    tomb = redis_client.get(lock.keys.lock)
+    lock.acquire()
+    token = lock.token
+    redis_client.set(lock.keys.lock, tomb, px=60_000)  # as if force-released unseen
+    with pytest.raises(LockNotOwned):
+        lock.release()
+    assert redis_client.get(lock.keys.lock) == tomb
+    assert token not in tomb.decode()
 
 
 def test_a_late_copy_of_a_given_up_acquire_is_refused(redis_client):

@@ -17,7 +17,8 @@
 --         outlives the moment the Redis clock passes the last fence
 -- ARGV[7] (optional) fence rule: 'clock' (default) or 'counter' (RedLock: see below)
 --
--- Returns {1, fence, count} when granted. A token that already holds the lock
+-- Returns {1, fence, count, state} when granted (state: what lock_release.lua takes as
+-- ARGV[7]; left out for a fence ahead of the clock). A token that already holds the lock
 -- is granted again (count = ARGV[3] + 1), so a retried call whose reply was lost
 -- gets the same answer instead of stranding the lock.
 -- Returns {0, pttl} when another token holds it: pttl is the holder's remaining
@@ -71,12 +72,17 @@ if ARGV[3] == '0' and ARGV[7] ~= 'counter' and (not value or string.byte(value, 
     redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
   end
   local f = string.format('%d', fence)
+  local tail = f .. '\n' .. string.format('%d', indexed) .. '\n' ..
+    string.format('%d', now + lease) .. '\n' .. released
   redis.call('SET', KEYS[1],
     ARGV[1] .. '\n' .. f .. '\n1\n' .. ARGV[2] .. '\n' .. string.format('%d', now) .. '\n' ..
-    ARGV[5] .. '\n' .. f .. '\n' .. (ARGV[4] == '1' and '1' or '0') .. '\n' ..
-    string.format('%d', indexed) .. '\n' .. released,
+    ARGV[5] .. '\n' .. (ARGV[4] == '1' and (f .. '\n1\n') or (f .. '\n0\n')) ..
+    string.format('%d', indexed) .. '\n' .. string.format('%d', now + lease) .. '\n' .. released,
     'PX', lease)
-  return {1, fence, 1}
+  if fence > now_us then
+    return {1, fence, 1}  -- (ahead of the clock: its release reads the record)
+  end
+  return {1, fence, 1, tail}
 end
 local r = read(value)
 if r and r.token ~= '' then
@@ -102,8 +108,9 @@ if r and r.token ~= '' then
     r.indexed = now + 2 * lease
     redis.call('ZADD', KEYS[3], r.indexed, KEYS[1])
   end
+  r.ends = now + lease
   redis.call('SET', KEYS[1], record(r), 'PX', lease)
-  return {1, tonumber(r.fence), r.count}
+  return {1, tonumber(r.fence), r.count, state(r)}
 end
 if ARGV[3] ~= '0' then
   return {2}
@@ -142,5 +149,9 @@ if r.indexed < now + lease then
   -- Drop the entries of names whose listing ended (released or lapsed leases).
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 end
+r.ends = now + lease
 redis.call('SET', KEYS[1], record(r), 'PX', lease)
-return {1, fence, 1}
+if fence > now_us then
+  return {1, fence, 1}
+end
+return {1, fence, 1, state(r)}

@@ -30,10 +30,13 @@ if ARGV[3] and ARGV[3] ~= '0' then
     end
   end
 end
-if r.holder and r.indexed < now + lease then
-  -- The index lists the name past the new lease end (for two leases).
-  r.indexed = now + 2 * lease
-  redis.call('ZADD', KEYS[2], r.indexed, KEYS[1])
+if r.holder then
+  if r.indexed < now + lease then
+    -- The index lists the name past the new lease end (for two leases).
+    r.indexed = now + 2 * lease
+    redis.call('ZADD', KEYS[2], r.indexed, KEYS[1])
+  end
+  r.ends = now + lease
   redis.call('SET', KEYS[1], record(r), 'PX', lease)
 else
   redis.call('PEXPIRE', KEYS[1], lease)

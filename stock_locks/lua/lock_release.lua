@@ -8,6 +8,9 @@
 -- ARGV[4] fencing counter retention (FENCE_RETENTION), ms: the tombstone left by a
 --         release lives this long after the Redis clock passed the last fence
 -- ARGV[5] how many released tokens are remembered
+-- ARGV[7] (optional) the grant's state, as lock_acquire.lua returned it: the release
+--         then writes the tombstone first and checks what it replaced (SET ... GET);
+--         empty or absent: it reads the record first
 -- ARGV[6] mode: 'release'; 'abandon' (after a failed or interrupted acquire:
 --         also remember the token when it holds nothing, so that a late copy
 --         of its acquire is refused); 'force' (an operator's release: it is
@@ -32,46 +35,52 @@ if ARGV[6] == 'force' then
 end
 local kept = tonumber(ARGV[5])
 local retention = tonumber(ARGV[4])
-local value = redis.call('GET', KEYS[1])
+local value
 local function wake()
   -- One element: a release wakes one waiter, whose own release wakes the next.
   redis.call('DEL', KEYS[2])
   redis.call('RPUSH', KEYS[2], 1)
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
-if ARGV[6] == 'release' and ARGV[2] == '1' and value and
-    string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '\n' then
-  -- The common case, written out: the holder's record of this token, one hold.
-  local at, cut4, cut5 = 0, 0, 0
-  for i = 1, 10 do
-    at = string.find(value, '\n', at + 1, true)
-    if not at then
-      break
-    elseif i == 4 then
-      cut4 = at
-    elseif i == 5 then
-      cut5 = at
+local clobbered = false  -- the key holds this call's tombstone, not value (below)
+if ARGV[6] == 'release' and ARGV[2] == '1' and ARGV[7] and ARGV[7] ~= '' then
+  -- The common case: the grant's state came back (ARGV[7]), so the tombstone is known
+  -- before the record is read, and one SET ... GET writes it and reads what it
+  -- replaced. That must be the record of this token as granted (any 'waiting');
+  -- else it is put back below.
+  local last, indexed, ends, released = string.match(ARGV[7], '^(%d*)\n(%d*)\n(%d*)\n(.*)$')
+  if last then
+    local t = {last = tonumber(last), indexed = tonumber(indexed), released = released}
+    remember(t, entry, kept)
+    value = redis.call('SET', KEYS[1], tombstone(t), 'PX', retention, 'GET')
+    clobbered = true
+    if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '\n' then
+      local rest = indexed .. '\n' .. ends .. '\n' .. released
+      local idle = '\n' .. last .. '\n0\n' .. rest
+      if string.sub(value, -#idle) == idle then
+        return 1
+      end
+      if string.sub(value, -#idle) == '\n' .. last .. '\n1\n' .. rest then
+        wake()
+        return 1
+      end
     end
   end
-  local last, waiting, indexed, released
-  if at then
-    last, waiting, indexed, released = string.match(value, '^(%d*)\n(%d*)\n(%d*)\n(.*)$', at + 1)
-  end
-  local granted = cut5 > 0 and tonumber(string.sub(value, cut4 + 1, cut5 - 1))
-  last = tonumber(last)
-  if last and granted and last < (granted + 1) * 1000 then
-    -- (see below: the fence is the clock at its grant, the tombstone lives retention ms)
-    local r = {last = last, indexed = tonumber(indexed) or 0, released = released}
-    remember(r, entry, kept)
-    redis.call('SET', KEYS[1], tombstone(r), 'PX', retention)
-    if waiting == '1' then
-      wake()
-    end
-    return 1
-  end
+end
+if not clobbered then
+  value = redis.call('GET', KEYS[1])
 end
 local r = read(value)
 if not r or r.token ~= ARGV[1] then
+  if clobbered then  -- put back what the SET ... GET replaced
+    if not r then
+      redis.call('DEL', KEYS[1])
+    elseif r.token ~= '' and r.ends and r.ends > 0 then
+      redis.call('SET', KEYS[1], value, 'PXAT', r.ends)
+    else  -- a tombstone (or a value not written by these scripts): kept a retention
+      redis.call('SET', KEYS[1], value, 'PX', retention)
+    end
+  end
   if r and remembered(r, entry) then
     return 1
   end

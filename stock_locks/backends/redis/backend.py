@@ -70,6 +70,12 @@ from .transport import RedisTransport
 
 T = TypeVar("T")
 
+# Grants whose state (lock_acquire.lua's fourth reply element) is kept for their
+# release, at most: a hold never released here (a lapsed lease, a hand-off) leaves
+# its entry, so past this many they are all dropped (those releases then read the
+# record first, as without it).
+GRANT_STATES_KEPT = 10_000
+
 
 class RedisBackend(Backend):
     """Locks and semaphores on one Redis server or one Redis Cluster.
@@ -105,6 +111,9 @@ class RedisBackend(Backend):
         self._transport: RedisTransport | None = None
         self._owns_client = False
         self.async_client = async_client  # an explicit redis.asyncio client (redis=)
+        # (lock key, token) -> the grant's state, for its release (lock_release.lua's
+        # ARGV[7]: one SET ... GET instead of GET then SET)
+        self._grant_states: dict[tuple[str, str], Any] = {}
 
     @property
     def client(self) -> Any:
@@ -203,6 +212,13 @@ class RedisBackend(Backend):
                 scripts.LOCK_ACQUIRE, spec.acquire_keys, argv, spec.acquire_head
             )
         if reply[0] == AcquireReply.GRANTED:
+            states = self._grant_states
+            if len(reply) > 3:
+                if len(states) >= GRANT_STATES_KEPT:
+                    states.clear()
+                states[spec.keys.lock, token] = reply[3]
+            else:
+                states.pop((spec.keys.lock, token), None)
             return Attempt(True, fence=reply[1], count=reply[2])
         return lock_attempt(spec.name, reply)
 
@@ -229,7 +245,8 @@ class RedisBackend(Backend):
         self, spec: LockSpec, token: str, count: int, mode: ReleaseMode
     ) -> Operation[ReleaseOutcome]:
         assert isinstance(spec, RedisLockSpec)
-        argv = release_argv(token, count, mode)
+        state = self._grant_states.pop((spec.keys.lock, token), "") if count == 1 else ""
+        argv = (*release_argv(token, count, mode), state)
         reply = yield from script(scripts.LOCK_RELEASE, spec.release_keys, argv, spec.release_head)
         return ReleaseOutcome.of(reply)
 

@@ -33,7 +33,7 @@ class AcquireReply(_Codes):
     """``lock_acquire.lua``'s first reply element."""
 
     REFUSED = 0  # {0, holder's pttl}
-    GRANTED = 1  # {1, fence, count}
+    GRANTED = 1  # {1, fence, count, state for the release (left out when ahead of the clock)}
     REENTRY_LOST = 2  # a re-entry whose token no longer holds the lock
     GIVEN_BACK = 3  # a token already given back: a late copy of an abandoned try
 
@@ -65,11 +65,12 @@ def score_pairs(reply: Sequence[Any]) -> list[tuple[Any, float]]:
 # of fields separated by newlines: token, fence, count, ttl ms, acquired_at ms (Redis
 # clock), thread, host, pid, watchdog ("1"/"0"), caller, then the name's state carried
 # from grant to grant: the last fence, whether a refused try waits, until when the
-# held-locks index lists it, and the tokens released lately. After a release the key
-# holds a tombstone (an empty token, then that state): the lock is free.
+# held-locks index lists it, the lease end (ms, Redis clock), and the tokens released
+# lately. After a release the key holds a tombstone (an empty token, then the last
+# fence, the index's end and the released tokens): the lock is free.
 RECORD_FIELDS = (
     "token", "fence", "count", "ttl", "acquired_at", "thread", "host", "pid", "watchdog", "caller",
-    "last", "waiting", "indexed", "released",
+    "last", "waiting", "indexed", "until", "released",
 )  # fmt: skip
 
 

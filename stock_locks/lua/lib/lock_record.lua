@@ -8,6 +8,9 @@
 --   last      the highest fence granted (or proposed, RedLock) for the name
 --   waiting   '1' when a refused try may be waiting (its release then wakes one)
 --   indexed   until when (ms) the held-locks index lists the name
+--   until     when the lease ends (ms, Redis clock): the key's expiry, written down
+--             so that a release that overwrote another holder's record (lock_release.lua)
+--             can put it back with its expiry
 --   released  the tokens most recently released or given up ('!' .. token: force
 --             released), newest first, separated by spaces
 -- A free lock whose name was used lately is a tombstone: an empty token, then
@@ -17,8 +20,9 @@
 -- with no fence.
 --
 -- Defines the local functions read(value) -> nil (no value) or a table with those
--- fields (numbers for last and indexed, token '' for a tombstone); record(r) and
--- tombstone(r), the values to write for such a table; remembered(r, entry), whether
+-- fields (numbers for last, indexed and ends (until), token '' for a tombstone);
+-- record(r) and tombstone(r), the values to write for such a table; state(r), what a
+-- grant returns (see there); remembered(r, entry), whether
 -- entry is among r.released; remember(r, entry, kept), entry put first in r.released,
 -- at most kept entries kept.
 local function read(value)
@@ -51,10 +55,10 @@ local function read(value)
   if n >= 9 then
     if n == 10 then
       r.holder = string.sub(value, cuts[5] + 1, cuts[10] - 1)
-      local last, waiting, indexed, released =
-        string.match(value, '^(%d*)\n(%d*)\n(%d*)\n(.*)$', cuts[10] + 1)
+      local last, waiting, indexed, ends, released =
+        string.match(value, '^(%d*)\n(%d*)\n(%d*)\n(%d*)\n(.*)$', cuts[10] + 1)
       r.last, r.waiting = tonumber(last) or 0, waiting or '0'
-      r.indexed, r.released = tonumber(indexed) or 0, released or ''
+      r.indexed, r.ends, r.released = tonumber(indexed) or 0, tonumber(ends), released or ''
     else  -- a record without the name's state (an older version's)
       r.holder = string.sub(value, cuts[5] + 1)
     end
@@ -66,7 +70,15 @@ end
 local function record(r)
   return r.token .. '\n' .. r.fence .. '\n' .. r.count .. '\n' .. r.ttl .. '\n' ..
     r.acquired_at .. '\n' .. r.holder .. '\n' .. string.format('%d', r.last) .. '\n' ..
-    r.waiting .. '\n' .. string.format('%d', r.indexed) .. '\n' .. r.released
+    r.waiting .. '\n' .. string.format('%d', r.indexed) .. '\n' ..
+    string.format('%d', r.ends or 0) .. '\n' .. r.released
+end
+
+-- What a grant returns for its release to write the tombstone without reading the
+-- record first (lock_release.lua's ARGV[7]): last \n indexed \n until \n released.
+local function state(r)
+  return string.format('%d', r.last) .. '\n' .. string.format('%d', r.indexed) .. '\n' ..
+    string.format('%d', r.ends or 0) .. '\n' .. r.released
 end
 
 local function tombstone(r)
