@@ -259,12 +259,21 @@ class CommandHead:
         self.data = b"".join(bulk(item) for item in fixed)
 
     def pack(self, encode: Any, argv: Sequence[Any]) -> bytes:
-        """The whole command: this head, then ``argv`` encoded by ``encode``."""
-        return (
-            b"*%d\r\n" % (self.count + len(argv))
-            + self.data
-            + b"".join(bulk(encode(a)) for a in argv)
-        )
+        """The whole command: this head, then ``argv`` encoded by ``encode`` (bytes, str
+        and int, what the lock scripts take, encoded here as ``encode`` would, UTF-8)."""
+        parts = [b"*%d\r\n" % (self.count + len(argv)), self.data]
+        for arg in argv:
+            kind = type(arg)
+            if kind is str:
+                data = arg.encode()
+            elif kind is int:
+                data = b"%d" % arg
+            elif kind is bytes:
+                data = arg
+            else:
+                data = encode(arg)
+            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        return b"".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
