@@ -40,6 +40,7 @@ class LockKeys(NamedTuple):
     fence: str  # a fencing counter ahead of the clock (and RedLock's counter)
     signal: str  # wake-up list a release pushes to; waiters BLPOP it
     index: str  # type: ignore[assignment]  # zset of locks in use (key -> listed until, ms) in its slot
+    given_back: str  # tokens given back while another token held the lock (FENCE_RETENTION)
 
 
 _ESCAPES = {"%": "%25", "{": "%7B", "}": "%7D"}
@@ -91,7 +92,7 @@ def lock_keys(name: str, cluster: bool = False) -> LockKeys:
     client (the held-locks index is then per hash slot)."""
     base = lock_base(name)
     index = lock_index_key(key_slot(base)) if cluster else lock_index_key()
-    return LockKeys(base, f"{base}:fence", f"{base}:signal", index)
+    return LockKeys(base, f"{base}:fence", f"{base}:signal", index, f"{base}:given_back")
 
 
 def lock_name_of(key: str) -> str | None:

@@ -161,7 +161,7 @@ def test_adoption_arguments_are_checked_before_any_round_trip(redis_client):
     holder = Lock("order:80", ttl=30)
     holder.acquire()
     redis_client.config_resetstat()
-    for bad in ("", 42, b"token", ["token"]):
+    for bad in ("", 42, b"token", ["token"], "two words", "a\nb", "tab\t"):
         with pytest.raises(LockError):
             Lock("order:80", token=bad)
     with pytest.raises(LockError, match="reentrant"):

@@ -37,9 +37,12 @@ def test_grant_sets_token_fence_and_holder_metadata_with_one_lease(redis_client)
     after = redis_ms(redis_client)
     assert len(lock.token) == 32  # 128 random bits, hex
     # One key holds the holder's record: token first, then fence, count and metadata,
-    # then the name's state (the last fence: the counter; no separate key is written).
+    # then the name's state (the last fence: the counter). The first grant of a name
+    # also lists it in the index for two leases, and leaves a fence floor as long (so
+    # that a lease that runs out leaves its fence behind: see test_lock_faults.py).
     assert last_fence(redis_client, "sl:lock:{order:42}") == lock.fence
-    assert not redis_client.exists("sl:lock:{order:42}:fence")
+    floor = int(redis_client.get("sl:lock:{order:42}:fence"))
+    assert lock.fence < floor <= (after + 40_000) * 1000
     holder = parse_record(redis_client.get("sl:lock:{order:42}"))
     assert holder["token"] == lock.token
     assert holder["fence"] == str(lock.fence)
@@ -84,6 +87,41 @@ def test_uncontended_cycle_is_two_round_trips(redis_server, redis_client):
     assert calls == {
         "cmdstat_evalsha": 20, "cmdstat_time": 10, "cmdstat_get": 10, "cmdstat_set": 20,
     }  # fmt: skip
+
+
+def test_a_release_after_extensions_is_still_one_write(redis_client):
+    # A watchdog's renewal moves the record's index end and lease end: the release still
+    # writes its tombstone with one SET ... GET, not a second write to put things right.
+    lock = Lock("extended", ttl=5)
+    lock.acquire()
+    lock.extend(60)  # past the index entry (two leases): the record's index end moves
+    assert (
+        55_000
+        < redis_client.zscore("sl:locks", "sl:lock:{extended}") - redis_ms(redis_client)
+        <= 120_000
+    )
+    redis_client.config_resetstat()
+    lock.release()
+    calls = {k: v for k, v in commandstats(redis_client).items() if "config" not in k}
+    assert calls == {"cmdstat_evalsha": 1, "cmdstat_set": 1}
+    assert not held(redis_client, "sl:lock:{extended}")
+    assert lock.token in redis_client.get("sl:lock:{extended}").decode()
+
+
+def test_the_held_locks_index_expires_with_its_last_entry(redis_client):
+    # A name released is listed until its entry ends (two leases); the index key itself
+    # ends with its last entry, so names not used again go without a later grant.
+    with Lock("listed:short", ttl=5):
+        pass
+    until = redis_client.zscore("sl:locks", "sl:lock:{listed:short}")
+    left = redis_client.pttl("sl:locks")
+    assert 0 < left <= 10_000 and until - redis_ms(redis_client) <= 10_000
+    with Lock("listed:long", ttl=50):
+        pass
+    assert 90_000 < redis_client.pttl("sl:locks") <= 100_000  # the longest entry's end
+    with Lock("listed:short", ttl=5):
+        pass
+    assert 90_000 < redis_client.pttl("sl:locks") <= 100_000  # never shortened
 
 
 def test_all_keys_of_a_lock_share_one_hash_slot(redis_client):
@@ -537,7 +575,9 @@ def test_reentry_after_the_lease_ended_raises_and_grants_nothing(redis_client):
     wait_until(lambda: not held(redis_client, lock.keys.lock), what="lease end")
     with pytest.raises(LockNotOwned):
         lock.acquire()
-    assert not redis_client.exists(lock.keys.lock, lock.keys.fence)  # no fresh lease
+    assert not redis_client.exists(lock.keys.lock)  # no fresh lease
+    # (the lease that ran out left its fence behind: the floor the grant wrote)
+    assert int(redis_client.get(lock.keys.fence)) > first_fence
     assert lock.fence == first_fence and lock.lost
     with pytest.raises(LockNotOwned):
         lock.release()
@@ -711,9 +751,11 @@ def test_the_fence_counter_is_kept_a_minute_after_the_clock_passed_it_not_a_day(
             fences.append(lock.fence)
     assert fences == sorted(set(fences))
     # Each grant's fence is the Redis clock: the tombstone that carries it is kept
-    # FENCE_RETENTION, a minute, and no counter is written apart.
+    # FENCE_RETENTION, a minute, and the floor written apart with the index entry (for
+    # two leases) is kept until the clock passed it, and a minute more.
     assert 55_000 < redis_client.pttl("sl:lock:{order:77}") <= 60_000
-    assert not redis_client.exists("sl:lock:{order:77}:fence")
+    assert int(redis_client.get("sl:lock:{order:77}:fence")) > fences[-1]
+    assert 55_000 < redis_client.pttl("sl:lock:{order:77}:fence") <= 70_000
     # While held, the record carries it, for the lease.
     with Lock("order:77", ttl=300):
         assert 295_000 < redis_client.pttl("sl:lock:{order:77}") <= 300_000

@@ -222,6 +222,10 @@ class LockCore(GuardCore):
     def _adopt(self, token: object) -> None:
         if not isinstance(token, str) or not token:
             raise LockError(f"token must be a non-empty str, got {token!r}", name=self.name)
+        if any(c.isspace() for c in token):
+            # The lock key keeps released tokens separated by spaces, and record fields
+            # by newlines: such a token could never be told apart (lua/lib/lock_record.lua).
+            raise LockError(f"a token cannot contain whitespace, got {token!r}", name=self.name)
         if self.reentrant:
             raise LockError(
                 f"lock {self.name!r}: a reentrant lock's owner is a {self._owner_word}, so "

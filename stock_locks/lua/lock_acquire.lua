@@ -3,12 +3,16 @@
 -- KEYS[1] lock key: the holder's record while held, a tombstone for a while after a
 --         release (the fence counter and the released tokens); see lib/lock_record.lua
 -- KEYS[2] fencing counter: read only when the lock key is gone (a name's first use or
---         a lease that ran out), written only for a fence ahead of the Redis clock,
---         and by RedLock's fence rule (ARGV[7] 'counter') as before
+--         a lease that ran out); written for a fence ahead of the Redis clock, with
+--         each index entry (a floor: see listed() below), and by RedLock's fence rule
+--         (ARGV[7] 'counter') on every grant
 -- KEYS[3] held-locks index (zset lock key -> until when the name is listed, ms; one
 --         per hash slot on a cluster): a name is added again only when its entry
 --         would end before the new lease, for two leases, so a lock taken and given
---         back over and over writes it about once a lease
+--         back over and over writes it about once a lease; the key expires with its
+--         last entry
+-- KEYS[4] tokens given back while another token held the lock (lock_release.lua's
+--         'abandon'), read only when the lock key is gone
 -- ARGV[1] token          ARGV[2] lease in ms
 -- ARGV[3] how many times this token already holds the lock (0 = fresh)
 -- ARGV[4] "1" when the caller waited before this try, else "0"
@@ -45,6 +49,33 @@
 -- include lib/lock_record.lua
 local value = redis.call('GET', KEYS[1])
 local lease = tonumber(ARGV[2])
+
+-- Whether token is among the tokens given back while another token held the lock
+-- (KEYS[4], written by lock_release.lua's 'abandon'; read only when KEYS[1] is gone).
+local function given_back(list, token)
+  return list and string.find(' ' .. list .. ' ', ' ' .. token .. ' ', 1, true) ~= nil
+end
+
+-- List the name in the held-locks index for two leases (returns until when), drop the
+-- entries that ended, and keep the index key itself no longer than its last entry. With
+-- a fence (clock rule), KEYS[2] keeps a floor as long: at least every fence granted
+-- while the index entry lasts (each is the clock, before its end), so that a lease
+-- that runs out without a release (KEYS[1] gone) leaves its fence behind, past the
+-- moment the clock passes it by the retention (a Redis clock stepped back then still
+-- gives a higher fence). Written once per entry, not per grant.
+local function listed(fence, ms, retention)
+  local until_ms = now + 2 * ms
+  redis.call('ZADD', KEYS[3], until_ms, KEYS[1])
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  redis.call('PEXPIREAT', KEYS[3], until_ms, 'NX')
+  redis.call('PEXPIREAT', KEYS[3], until_ms, 'GT')
+  if fence then
+    local floor = math.max(fence, until_ms * 1000)
+    redis.call('SET', KEYS[2], string.format('%d', floor), 'PX',
+      math.ceil((floor - now_us) / 1000) + retention)
+  end
+  return until_ms
+end
 if ARGV[3] == '0' and ARGV[7] ~= 'counter' and (not value or string.byte(value, 1) == 10) then
   -- The common case, written out: a fresh try on the clock rule finds the lock free
   -- (no key, or a tombstone: see lib/lock_record.lua).
@@ -56,8 +87,12 @@ if ARGV[3] == '0' and ARGV[7] ~= 'counter' and (not value or string.byte(value, 
         string.find(' ' .. released .. ' ', ' ' .. ARGV[1] .. ' ', 1, true) then
       return {3}
     end
-  else  -- no tombstone: a counter ahead of the clock may be left
-    last = tonumber(redis.call('GET', KEYS[2]) or '0')
+  else  -- no tombstone: a fence floor or counter may be left, and given-back tokens
+    local kept = redis.call('MGET', KEYS[2], KEYS[4])
+    if given_back(kept[2], ARGV[1]) then
+      return {3}
+    end
+    last = tonumber(kept[1] or '0')
   end
   local fence = now_us
   if last >= fence then
@@ -66,10 +101,7 @@ if ARGV[3] == '0' and ARGV[7] ~= 'counter' and (not value or string.byte(value, 
     redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', keep)
   end
   if indexed < now + lease then
-    indexed = now + 2 * lease
-    redis.call('ZADD', KEYS[3], indexed, KEYS[1])
-    -- Drop the entries of names whose listing ended (released or lapsed leases).
-    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+    indexed = listed(math.max(last, fence), lease, tonumber(ARGV[6]))
   end
   local f = string.format('%d', fence)
   local tail = f .. '\n' .. string.format('%d', indexed) .. '\n' ..
@@ -105,8 +137,7 @@ if r and r.token ~= '' then
   end
   r.count = tonumber(ARGV[3]) + 1
   if r.indexed < now + lease then
-    r.indexed = now + 2 * lease
-    redis.call('ZADD', KEYS[3], r.indexed, KEYS[1])
+    r.indexed = listed(ARGV[7] ~= 'counter' and r.last or nil, lease, tonumber(ARGV[6]))
   end
   r.ends = now + lease
   redis.call('SET', KEYS[1], record(r), 'PX', lease)
@@ -116,6 +147,9 @@ if ARGV[3] ~= '0' then
   return {2}
 end
 if r and remembered(r, ARGV[1]) then
+  return {3}
+end
+if not r and given_back(redis.call('GET', KEYS[4]), ARGV[1]) then
   return {3}
 end
 -- Free: a fresh grant.
@@ -130,7 +164,7 @@ if ARGV[7] == 'counter' then
   local keep = math.max(lease, math.ceil((fence - now_us) / 1000) + margin)
   redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', keep)
 else
-  if r.token == nil then  -- no tombstone: a counter ahead of the clock may be left
+  if r.token == nil then  -- no tombstone: a fence floor or counter may be left
     r.last = tonumber(redis.call('GET', KEYS[2]) or '0')
   end
   if r.last >= fence then
@@ -144,10 +178,11 @@ r.token, r.fence, r.count, r.ttl, r.acquired_at, r.holder =
 r.last = math.max(r.last, fence)
 r.waiting = ARGV[4] == '1' and '1' or '0'
 if r.indexed < now + lease then
-  r.indexed = now + 2 * lease
-  redis.call('ZADD', KEYS[3], r.indexed, KEYS[1])
-  -- Drop the entries of names whose listing ended (released or lapsed leases).
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  if ARGV[7] == 'counter' then  -- (the counter above is written on every grant)
+    r.indexed = listed(nil, lease, margin)
+  else
+    r.indexed = listed(r.last, lease, margin)
+  end
 end
 r.ends = now + lease
 redis.call('SET', KEYS[1], record(r), 'PX', lease)

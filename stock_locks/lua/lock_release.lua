@@ -2,6 +2,7 @@
 --
 -- KEYS[1] lock key (the holder's record, then a tombstone; see lib/lock_record.lua)
 -- KEYS[2] wake-up signal list   KEYS[3] fencing counter (see lock_acquire.lua)
+-- KEYS[4] tokens given back while another token held the lock ('abandon' below)
 -- ARGV[1] token
 -- ARGV[2] count: how many times the token holds the lock (1 unless reentrant)
 -- ARGV[3] how long the wake-up signal waits for a waiter, ms
@@ -18,7 +19,7 @@
 --         taken for a repeat and learns it lost the lock, while a repeated
 --         force release is); 'retract' (RedLock taking back a grant that did not
 --         win a majority: released, not remembered, so its next try may reuse
---         the token)
+--         the token; the tombstone keeps the tokens released before it)
 --
 -- Returns 1 when the lock was freed (or this call's release already happened:
 -- a repeat whose first reply was lost), 2 when a reentrant hold was only
@@ -55,13 +56,14 @@ if ARGV[6] == 'release' and ARGV[2] == '1' and ARGV[7] and ARGV[7] ~= '' then
     value = redis.call('SET', KEYS[1], tombstone(t), 'PX', retention, 'GET')
     clobbered = true
     if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '\n' then
-      local rest = indexed .. '\n' .. ends .. '\n' .. released
-      local idle = '\n' .. last .. '\n0\n' .. rest
-      if string.sub(value, -#idle) == idle then
-        return 1
-      end
-      if string.sub(value, -#idle) == '\n' .. last .. '\n1\n' .. rest then
-        wake()
+      -- The record's last fence and released tokens must be the grant's; its index
+      -- entry and lease end may have moved on (lock_extend.lua, a watchdog): the
+      -- tombstone then keeps the grant's index end, which only lists it again sooner.
+      local l, waiting, rel = string.match(value, '\n(%d*)\n([01])\n%d*\n%d*\n([^\n]*)$')
+      if l == last and rel == released then
+        if waiting == '1' then
+          wake()
+        end
         return 1
       end
     end
@@ -85,13 +87,25 @@ if not r or r.token ~= ARGV[1] then
     return 1
   end
   if ARGV[6] == 'abandon' then
+    -- The token is remembered at least a retention (its late try may land that late),
+    -- and as long as the key lives (its record carries it on to the next tombstone).
     if not r then  -- nothing there: a tombstone that remembers the token
       r = {last = tonumber(redis.call('GET', KEYS[3]) or '0'), indexed = 0, released = ''}
       remember(r, entry, kept)
       redis.call('SET', KEYS[1], tombstone(r), 'PX', retention)
-    elseif r.token == '' or r.holder then
+    elseif r.token == '' then  -- a tombstone (free): kept a retention more if need be
       remember(r, entry, kept)
-      redis.call('SET', KEYS[1], r.token == '' and tombstone(r) or record(r), 'KEEPTTL')
+      redis.call('SET', KEYS[1], tombstone(r), 'PX',
+        math.max(redis.call('PTTL', KEYS[1]), retention))
+    else  -- another holder's record, whose lease (the key's expiry) must not move:
+      -- also kept apart (KEYS[4]), for when the lease runs out first
+      if r.holder then
+        remember(r, entry, kept)
+        redis.call('SET', KEYS[1], record(r), 'KEEPTTL')
+      end
+      local apart = {released = redis.call('GET', KEYS[4]) or ''}
+      remember(apart, entry, kept)
+      redis.call('SET', KEYS[4], apart.released, 'PX', retention)
     end
   end
   return 0
@@ -105,7 +119,10 @@ if count > 1 then
   return 2
 end
 if ARGV[6] == 'retract' then
-  redis.call('DEL', KEYS[1])  -- (RedLock's fences are its counter's, KEYS[3])
+  -- Free again, the retracted token not remembered (its next try may reuse it), but
+  -- the tokens released before are (a repeated release still finds its own). RedLock's
+  -- fences are its counter's, KEYS[3].
+  redis.call('SET', KEYS[1], tombstone(r), 'PX', retention)
   return 1
 end
 remember(r, entry, kept)

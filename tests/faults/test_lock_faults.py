@@ -267,6 +267,37 @@ def test_a_release_interrupted_mid_round_trip_still_frees_the_lock(
     assert Lock("held", ttl=10, timeout=0).acquire()
 
 
+def test_a_try_given_up_while_another_holds_is_refused_after_that_lease_ran_out(redis_client):
+    # A try is given up (its request still on the way) while another token holds the lock
+    # with little lease left; that lease runs out before the late request lands. The give-
+    # back is kept apart from the holder's record (whose expiry is the holder's lease).
+    holder = Lock("late:held", ttl=30)
+    assert holder.acquire(timeout=0)
+    late = Lock("late:held", ttl=30)
+    late.do_release("t" * 32, 1, "abandon")
+    redis_client.pexpire(holder.keys.lock, 1)  # the holder's lease runs out
+    wait_until(lambda: not redis_client.exists(holder.keys.lock), what="the lease end")
+    with pytest.raises(LockError):
+        late.do_acquire("t" * 32, 0)  # the late copy lands: nothing granted
+    assert not held(redis_client, holder.keys.lock)
+    assert Lock("late:held", ttl=10, timeout=0).acquire()
+
+
+def test_a_try_given_up_on_a_tombstone_about_to_expire_is_remembered_a_retention(
+    redis_client,
+):
+    # The lock is free, its tombstone has moments left: the give-back keeps it (and the
+    # given-up token) at least FENCE_RETENTION, so the late copy is refused then too.
+    with Lock("late:free", ttl=30) as lock:
+        pass
+    redis_client.pexpire(lock.keys.lock, 200)
+    lock.do_release("u" * 32, 1, "abandon")
+    assert 55_000 < redis_client.pttl(lock.keys.lock) <= 60_000
+    with pytest.raises(LockError):
+        lock.do_acquire("u" * 32, 0)
+    assert not held(redis_client, lock.keys.lock)
+
+
 # -- 4. a release whose reply was lost ------------------------------------------------------------
 
 
@@ -316,6 +347,28 @@ def _grant_fences(client: redis.Redis, names: list[str]) -> list[int]:
         with Lock(name, ttl=30, redis=client) as lock:
             fences.append(lock.fence)
     return fences
+
+
+def test_a_lease_that_runs_out_leaves_its_fence_behind(redis_client):
+    # A holder dies: its lease runs out, no release leaves a tombstone. The fence must
+    # stay behind until the Redis clock has passed it by FENCE_RETENTION, so that a clock
+    # stepped back meanwhile (an NTP step, a failover to a host behind) cannot give the
+    # next holder a lower fence. Both a name's first grant (which writes the floor) and a
+    # later one granted from a tombstone (which does not) are covered.
+    for name in ("lapse:first", "lapse:again"):
+        lock = Lock(name, ttl=30)
+        if name == "lapse:again":
+            with lock:
+                pass
+        assert lock.acquire(timeout=0)
+        redis_client.pexpire(lock.keys.lock, 1)  # the holder is gone; its lease runs out
+        wait_until(lambda: not redis_client.exists(lock.keys.lock), what="the lease end")  # noqa: B023
+        kept = int(redis_client.get(lock.keys.fence))
+        assert kept >= lock.fence
+        most_left_ms = (kept - lock.fence) // 1000 + 60_000  # until the clock passed it, +1 min
+        assert 55_000 < redis_client.pttl(lock.keys.fence) <= most_left_ms
+        with Lock(name, ttl=30) as later:
+            assert later.fence > kept  # above it whatever the clock says
 
 
 @pytest.mark.django_db(transaction=True)

@@ -51,6 +51,7 @@ from .protocol import (
     AcquireReply,
     RedisLockSpec,
     acquire_argv,
+    extend_argv,
     extend_keys,
     force_argv,
     gone_key,
@@ -253,7 +254,7 @@ class RedisBackend(Backend):
     def lock_extend(
         self, spec: LockSpec, token: str, ttl_ms: int, max_hold_ms: int
     ) -> Operation[ExtendOutcome]:
-        argv = (token, ttl_ms, max_hold_ms)
+        argv = extend_argv(token, ttl_ms, max_hold_ms)
         return ExtendOutcome.of(
             (yield from script(scripts.LOCK_EXTEND, extend_keys(spec.keys), argv))
         )
@@ -297,7 +298,11 @@ class RedisBackend(Backend):
         self, renewals: Sequence[Renewal]
     ) -> Operation[list[ExtendOutcome | BaseException]]:
         calls = [
-            (scripts.LOCK_EXTEND, extend_keys(r.spec.keys), (r.token, r.ttl_ms, r.max_hold_ms))
+            (
+                scripts.LOCK_EXTEND,
+                extend_keys(r.spec.keys),
+                extend_argv(r.token, r.ttl_ms, r.max_hold_ms),
+            )
             for r in renewals
         ]
         replies = yield from scripts_batch(calls)

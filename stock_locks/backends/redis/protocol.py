@@ -112,16 +112,21 @@ def release_argv(
     return (token, count, wake_ms, fence_retention_ms(), RELEASED_KEPT, mode.value)
 
 
+def extend_argv(token: str, ttl_ms: int, max_hold_ms: int, rule: str = "clock") -> tuple[Any, ...]:
+    """ARGV of ``lock_extend.lua``; ``rule`` is the fence rule, ``"counter"`` for RedLock."""
+    return (token, ttl_ms, max_hold_ms, rule, fence_retention_ms())
+
+
 def acquire_keys(keys: LockKeys) -> tuple[str, ...]:
-    return (keys.lock, keys.fence, keys.index)
+    return (keys.lock, keys.fence, keys.index, keys.given_back)
 
 
 def release_keys(keys: LockKeys) -> tuple[str, ...]:
-    return (keys.lock, keys.signal, keys.fence)
+    return (keys.lock, keys.signal, keys.fence, keys.given_back)
 
 
 def extend_keys(keys: LockKeys) -> tuple[str, ...]:
-    return (keys.lock, keys.index)
+    return (keys.lock, keys.index, keys.fence)
 
 
 def token_of(record: Any) -> str | None:
