@@ -60,7 +60,7 @@ def test_grant_sets_token_fence_and_holder_metadata_with_one_lease(redis_client)
     # clock passed it (here the clock itself), and the released token.
     assert last_fence(redis_client, "sl:lock:{order:42}") == lock.fence
     assert 55_000 < redis_client.pttl("sl:lock:{order:42}") <= 60_000
-    assert lock.token in redis_client.get("sl:lock:{order:42}").decode()
+    assert lock.token[:16] in redis_client.get("sl:lock:{order:42}").decode()
 
 
 def test_uncontended_cycle_is_two_round_trips(redis_server, redis_client):
@@ -105,7 +105,7 @@ def test_a_release_after_extensions_is_still_one_write(redis_client):
     calls = {k: v for k, v in commandstats(redis_client).items() if "config" not in k}
     assert calls == {"cmdstat_evalsha": 1, "cmdstat_set": 1}
     assert not held(redis_client, "sl:lock:{extended}")
-    assert lock.token in redis_client.get("sl:lock:{extended}").decode()
+    assert lock.token[:16] in redis_client.get("sl:lock:{extended}").decode()
 
 
 def test_the_held_locks_index_expires_with_its_last_entry(redis_client):
@@ -699,7 +699,7 @@ def test_a_release_after_the_lock_changed_hands_puts_the_new_record_back(redis_c
     with pytest.raises(LockNotOwned):
         lock.release()
     assert redis_client.get(lock.keys.lock) == tomb
-    assert token not in tomb.decode()
+    assert token[:16] not in tomb.decode()
 
 
 def test_a_late_copy_of_a_given_up_acquire_is_refused(redis_client):

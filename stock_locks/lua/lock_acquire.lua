@@ -46,7 +46,6 @@
 -- its client usually needs no second round trip to make them agree (lock_fence.lua
 -- when they disagree; backends/redlock.py). That counter is written on every grant.
 -- include lib/now.lua
--- include lib/lock_record.lua
 local value = redis.call('GET', KEYS[1])
 local lease = tonumber(ARGV[2])
 
@@ -79,17 +78,24 @@ end
 if ARGV[3] == '0' and ARGV[7] ~= 'counter' and (not value or string.byte(value, 1) == 10) then
   -- The common case, written out: a fresh try on the clock rule finds the lock free
   -- (no key, or a tombstone: see lib/lock_record.lua).
-  local last, indexed, released = 0, 0, ''
+  -- (Plain finds and the tombstone's own digits: no pattern, no number formatted twice.)
+  local last, indexed, released, listed_until = 0, 0, '', nil
+  local id = string.sub(ARGV[1], 1, 16)  -- a released-token entry (ID, lib/lock_record.lua)
   if value then
-    local l, i, rel = string.match(value, '^\n(%d*)\n(%d*)\n?(.*)$')
-    last, indexed, released = tonumber(l) or 0, tonumber(i) or 0, rel or ''
-    if released ~= '' and
-        string.find(' ' .. released .. ' ', ' ' .. ARGV[1] .. ' ', 1, true) then
+    local a = string.find(value, '\n', 2, true)
+    local b = a and string.find(value, '\n', a + 1, true)
+    if a then
+      last = tonumber(string.sub(value, 2, a - 1)) or 0
+      listed_until = string.sub(value, a + 1, (b or #value + 1) - 1)
+      indexed = tonumber(listed_until) or 0
+      released = b and string.sub(value, b + 1) or ''
+    end
+    if released ~= '' and string.find(' ' .. released .. ' ', ' ' .. id .. ' ', 1, true) then
       return {3}
     end
   else  -- no tombstone: a fence floor or counter may be left, and given-back tokens
     local kept = redis.call('MGET', KEYS[2], KEYS[4])
-    if given_back(kept[2], ARGV[1]) then
+    if given_back(kept[2], id) then
       return {3}
     end
     last = tonumber(kept[1] or '0')
@@ -101,21 +107,19 @@ if ARGV[3] == '0' and ARGV[7] ~= 'counter' and (not value or string.byte(value, 
     redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', keep)
   end
   if indexed < now + lease then
-    indexed = listed(math.max(last, fence), lease, tonumber(ARGV[6]))
+    listed_until = string.format('%d', listed(math.max(last, fence), lease, tonumber(ARGV[6])))
   end
   local f = string.format('%d', fence)
-  local tail = f .. '\n' .. string.format('%d', indexed) .. '\n' ..
-    string.format('%d', now + lease) .. '\n' .. released
+  local rest = listed_until .. '\n' .. string.format('%d', now + lease) .. '\n' .. released
   redis.call('SET', KEYS[1],
     ARGV[1] .. '\n' .. f .. '\n1\n' .. ARGV[2] .. '\n' .. string.format('%d', now) .. '\n' ..
-    ARGV[5] .. '\n' .. (ARGV[4] == '1' and (f .. '\n1\n') or (f .. '\n0\n')) ..
-    string.format('%d', indexed) .. '\n' .. string.format('%d', now + lease) .. '\n' .. released,
-    'PX', lease)
+    ARGV[5] .. '\n' .. f .. (ARGV[4] == '1' and '\n1\n' or '\n0\n') .. rest, 'PX', lease)
   if fence > now_us then
     return {1, fence, 1}  -- (ahead of the clock: its release reads the record)
   end
-  return {1, fence, 1, tail}
+  return {1, fence, 1, f .. '\n' .. rest}
 end
+-- include lib/lock_record.lua
 local r = read(value)
 if r and r.token ~= '' then
   if r.token ~= ARGV[1] then
@@ -146,10 +150,10 @@ end
 if ARGV[3] ~= '0' then
   return {2}
 end
-if r and remembered(r, ARGV[1]) then
+if r and remembered(r, string.sub(ARGV[1], 1, ID)) then
   return {3}
 end
-if not r and given_back(redis.call('GET', KEYS[4]), ARGV[1]) then
+if not r and given_back(redis.call('GET', KEYS[4]), string.sub(ARGV[1], 1, ID)) then
   return {3}
 end
 -- Free: a fresh grant.

@@ -29,13 +29,6 @@
 -- The released tokens are remembered in the lock key itself (the tombstone, then the
 -- next holder's record, which carries them on): a release repeated after another
 -- holder took the lock still finds its token.
--- include lib/lock_record.lua
-local entry = ARGV[1]
-if ARGV[6] == 'force' then
-  entry = '!' .. ARGV[1]
-end
-local kept = tonumber(ARGV[5])
-local retention = tonumber(ARGV[4])
 local value
 local function wake()
   -- One element: a release wakes one waiter, whose own release wakes the next.
@@ -45,17 +38,37 @@ local function wake()
 end
 local clobbered = false  -- the key holds this call's tombstone, not value (below)
 if ARGV[6] == 'release' and ARGV[2] == '1' and ARGV[7] and ARGV[7] ~= '' then
-  -- The common case: the grant's state came back (ARGV[7]), so the tombstone is known
-  -- before the record is read, and one SET ... GET writes it and reads what it
-  -- replaced. That must be the record of this token as granted (any 'waiting');
-  -- else it is put back below.
-  local last, indexed, ends, released = string.match(ARGV[7], '^(%d*)\n(%d*)\n(%d*)\n(.*)$')
-  if last then
-    local t = {last = tonumber(last), indexed = tonumber(indexed), released = released}
-    remember(t, entry, kept)
-    value = redis.call('SET', KEYS[1], tombstone(t), 'PX', retention, 'GET')
+  -- The common case, before the shared functions are defined (plain finds, no table):
+  -- the grant's state came back (ARGV[7]: last \n indexed \n until \n released), so
+  -- the tombstone is known before the record is read, and one SET ... GET writes it
+  -- and reads what it replaced. That must be the record of this token as granted (any
+  -- 'waiting'); else it is put back below.
+  local state = ARGV[7]
+  local a = string.find(state, '\n', 1, true)
+  local b = a and string.find(state, '\n', a + 1, true)
+  local c = b and string.find(state, '\n', b + 1, true)
+  if c then
+    local released = string.sub(state, c + 1)
+    local list = string.sub(ARGV[1], 1, 16)  -- this token's entry (ID, lib/lock_record.lua)
+    if released ~= '' then
+      -- The newest ARGV[5] - 1 entries before it: an entry is 16 or 17 characters (ID,
+      -- '!' before a force release's), so the (n)th space is the first from 17 * n on.
+      local cut = string.find(released, ' ', 17 * (tonumber(ARGV[5]) - 1), true)
+      list = list .. ' ' .. (cut and string.sub(released, 1, cut - 1) or released)
+    end
+    value = redis.call('SET', KEYS[1], '\n' .. string.sub(state, 1, b) .. list,
+      'PX', ARGV[4], 'GET')
     clobbered = true
     if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '\n' then
+      local last, rest = string.sub(state, 1, a - 1), string.sub(state, a + 1)
+      local tail = string.sub(value, -(#last + #rest + 4))
+      if tail == '\n' .. last .. '\n0\n' .. rest then
+        return 1
+      end
+      if tail == '\n' .. last .. '\n1\n' .. rest then
+        wake()
+        return 1
+      end
       -- The record's last fence and released tokens must be the grant's; its index
       -- entry and lease end may have moved on (lock_extend.lua, a watchdog): the
       -- tombstone then keeps the grant's index end, which only lists it again sooner.
@@ -69,6 +82,13 @@ if ARGV[6] == 'release' and ARGV[2] == '1' and ARGV[7] and ARGV[7] ~= '' then
     end
   end
 end
+-- include lib/lock_record.lua
+local entry = string.sub(ARGV[1], 1, ID)
+if ARGV[6] == 'force' then
+  entry = '!' .. entry
+end
+local kept = tonumber(ARGV[5])
+local retention = tonumber(ARGV[4])
 if not clobbered then
   value = redis.call('GET', KEYS[1])
 end

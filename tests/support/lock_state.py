@@ -29,5 +29,6 @@ def last_fence(client: Any, key: str) -> int | None:
 
 
 def tombstone(last: int, released: tuple[str, ...] = ()) -> str:
-    """A tombstone value (the lock free) carrying ``last`` and the ``released`` tokens."""
-    return f"\n{last}\n0\n{' '.join(released)}"
+    """A tombstone value (the lock free) carrying ``last`` and the ``released`` tokens
+    (each kept by its first 16 characters, as the scripts keep them)."""
+    return f"\n{last}\n0\n{' '.join(token[:16] for token in released)}"

@@ -11,8 +11,10 @@
 --   until     when the lease ends (ms, Redis clock): the key's expiry, written down
 --             so that a release that overwrote another holder's record (lock_release.lua)
 --             can put it back with its expiry
---   released  the tokens most recently released or given up ('!' .. token: force
---             released), newest first, separated by spaces
+--   released  the tokens most recently released or given up, each by its first ID
+--             characters ('!' .. that: force released), newest first, separated by
+--             spaces (a token is 32 random hex digits, stock_locks/core/lock.py: its
+--             first 16 are 64 random bits, and the list half as long to copy)
 -- A free lock whose name was used lately is a tombstone: an empty token, then
 --   last, indexed and released (the same meanings). It expires FENCE_RETENTION after
 --   the Redis clock passed last.
@@ -20,11 +22,13 @@
 -- with no fence.
 --
 -- Defines the local functions read(value) -> nil (no value) or a table with those
--- fields (numbers for last, indexed and ends (until), token '' for a tombstone);
+-- fields (numbers for last, indexed and ends (until), token '' for a tombstone), ID;
 -- record(r) and tombstone(r), the values to write for such a table; state(r), what a
 -- grant returns (see there); remembered(r, entry), whether
 -- entry is among r.released; remember(r, entry, kept), entry put first in r.released,
 -- at most kept entries kept.
+local ID = 16  -- the characters of a token a released-token entry keeps
+
 local function read(value)
   if not value then
     return nil
