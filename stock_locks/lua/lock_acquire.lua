@@ -75,6 +75,25 @@ local function listed(fence, ms, retention)
   end
   return until_ms
 end
+if value and ARGV[3] == '0' and string.byte(value, 1) ~= 10 and
+    string.sub(value, 1, #ARGV[1] + 1) ~= ARGV[1] .. '\n' then
+  -- The common refusal, written out: another token holds the lock and its record
+  -- already says a try waits, so nothing is written; the lease left is the record's
+  -- until less now. Fields (lib/lock_record.lua): the 11th newline ends 'last', then
+  -- 'waiting', 'indexed', 'until'. Any other case goes on below.
+  local at = 0
+  for _ = 1, 11 do
+    at = at and string.find(value, '\n', at + 1, true)
+  end
+  if at and string.sub(value, at + 1, at + 2) == '1\n' then
+    local a = string.find(value, '\n', at + 3, true)
+    local b = a and string.find(value, '\n', a + 1, true)
+    local ends = b and tonumber(string.sub(value, a + 1, b - 1))
+    if ends and ends > now then
+      return {0, ends - now}
+    end
+  end
+end
 if ARGV[3] == '0' and ARGV[7] ~= 'counter' and (not value or string.byte(value, 1) == 10) then
   -- The common case, written out: a fresh try on the clock rule finds the lock free
   -- (no key, or a tombstone: see lib/lock_record.lua).
