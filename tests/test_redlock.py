@@ -110,3 +110,23 @@ def test_a_redlock_backend_needs_an_odd_number_of_masters_at_least_three(redlock
                             "LOCATION": location}}  # fmt: skip
         with override_settings(STOCK_LOCKS={"BACKENDS": backends}), pytest.raises(LockError):
             get_backend("bad")
+
+
+def test_a_try_given_up_while_another_held_stays_refused_after_a_grant_from_nothing(redlock):
+    # The counter rule's grant from no key: the tokens given back while the last holder
+    # held the lock (kept apart, :given_back) are carried on into the new key.
+    keys = lock_keys("order:late")
+    holder = RedLock("order:late", ttl=30)
+    assert holder.acquire(timeout=0)
+    holder.do_release("t" * 32, 1, "abandon")
+    for server in redlock:  # the holder's lease runs out everywhere
+        server.client().pexpire(keys.lock, 1)
+    wait_until(
+        lambda: not any(server.client().exists(keys.lock) for server in redlock),
+        what="the lease end",
+    )
+    with RedLock("order:late", ttl=30):
+        pass
+    with pytest.raises(LockError):
+        holder.do_acquire("t" * 32, 0)  # the late copy lands: nothing granted
+    assert [token_of(value) for value in _on_every_master(redlock, keys.lock)] == [None] * 3

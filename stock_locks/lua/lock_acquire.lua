@@ -12,7 +12,8 @@
 --         back over and over writes it about once a lease; the key expires with its
 --         last entry
 -- KEYS[4] tokens given back while another token held the lock (lock_release.lua's
---         'abandon'), read only when the lock key is gone
+--         'abandon'), read only when the lock key is gone, and then carried on into
+--         the key made (its released tokens)
 -- ARGV[1] token          ARGV[2] lease in ms
 -- ARGV[3] how many times this token already holds the lock (0 = fresh)
 -- ARGV[4] "1" when the caller waited before this try, else "0"
@@ -118,6 +119,7 @@ if ARGV[3] == '0' and ARGV[7] ~= 'counter' and (not value or string.byte(value, 
       return {3}
     end
     last = tonumber(kept[1] or '0')
+    released = kept[2] or ''  -- carried on: the key now made remembers them (kept trimmed)
   end
   local fence = now_us
   if last >= fence then
@@ -172,11 +174,16 @@ end
 if r and remembered(r, string.sub(ARGV[1], 1, ID)) then
   return {3}
 end
-if not r and given_back(redis.call('GET', KEYS[4]), string.sub(ARGV[1], 1, ID)) then
-  return {3}
+if not r then
+  -- No key: the tokens given back while the last holder held it are carried on (the key
+  -- made now remembers them; KEYS[4] was trimmed to the kept count when written).
+  local apart = redis.call('GET', KEYS[4])
+  if given_back(apart, string.sub(ARGV[1], 1, ID)) then
+    return {3}
+  end
+  r = {last = 0, indexed = 0, released = apart or ''}
 end
 -- Free: a fresh grant.
-r = r or {last = 0, indexed = 0, released = ''}
 local margin = tonumber(ARGV[6])
 local fence = now_us
 if ARGV[7] == 'counter' then

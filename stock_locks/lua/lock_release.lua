@@ -109,8 +109,10 @@ if not r or r.token ~= ARGV[1] then
   if ARGV[6] == 'abandon' then
     -- The token is remembered at least a retention (its late try may land that late),
     -- and as long as the key lives (its record carries it on to the next tombstone).
-    if not r then  -- nothing there: a tombstone that remembers the token
-      r = {last = tonumber(redis.call('GET', KEYS[3]) or '0'), indexed = 0, released = ''}
+    if not r then  -- nothing there: a tombstone that remembers the token, and those
+      -- given back while the last holder held it (KEYS[4])
+      local kept_apart = redis.call('MGET', KEYS[3], KEYS[4])
+      r = {last = tonumber(kept_apart[1] or '0'), indexed = 0, released = kept_apart[2] or ''}
       remember(r, entry, kept)
       redis.call('SET', KEYS[1], tombstone(r), 'PX', retention)
     elseif r.token == '' then  -- a tombstone (free): kept a retention more if need be

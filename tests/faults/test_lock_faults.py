@@ -283,6 +283,29 @@ def test_a_try_given_up_while_another_holds_is_refused_after_that_lease_ran_out(
     assert Lock("late:held", ttl=10, timeout=0).acquire()
 
 
+@pytest.mark.parametrize("then", ["a grant and its release", "another give-back"])
+def test_a_try_given_up_while_another_holds_stays_refused_when_the_key_is_made_again(
+    then, redis_client
+):
+    # The holder's lease runs out; then the key is made again from nothing (a grant and
+    # its release, or another try given up on the free lock) before the late copy lands:
+    # the new key must carry on the tokens given back while the holder held it.
+    holder = Lock("late:again", ttl=30)
+    assert holder.acquire(timeout=0)
+    late = Lock("late:again", ttl=30)
+    late.do_release("t" * 32, 1, "abandon")
+    redis_client.pexpire(holder.keys.lock, 1)  # the holder's lease runs out
+    wait_until(lambda: not redis_client.exists(holder.keys.lock), what="the lease end")
+    if then == "a grant and its release":
+        with Lock("late:again", ttl=30):
+            pass
+    else:
+        late.do_release("y" * 32, 1, "abandon")
+    with pytest.raises(LockError):
+        late.do_acquire("t" * 32, 0)  # the late copy lands: nothing granted
+    assert not held(redis_client, holder.keys.lock)
+
+
 def test_a_try_given_up_on_a_tombstone_about_to_expire_is_remembered_a_retention(
     redis_client,
 ):
