@@ -744,6 +744,23 @@ def test_fences_never_fall_below_the_redis_clock_when_the_counter_is_behind(redi
         assert later.fence == ahead.fence + 1
 
 
+def test_a_fence_ahead_of_the_clock_does_not_lower_the_floor_of_the_index_entry(redis_client):
+    # The index entry written by an earlier grant keeps a floor (its end, in us) beside the
+    # lock key; a grant whose fence is ahead of the clock (the clock stepped back under
+    # that entry) writes its fence there too, and must not write it lower than the floor:
+    # the next step back after a lapsed lease would otherwise give a lower fence.
+    key = "sl:lock:{floor}"
+    seconds, micros = redis_client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    indexed = now_ms + 3_600_000  # the index entry (and its floor) runs an hour more
+    last = seconds * 1_000_000 + micros + 10**6  # the last fence, a second ahead
+    redis_client.set(key, f"\n{last}\n{indexed}\n", px=60_000)
+    with Lock("floor", ttl=5) as lock:
+        assert lock.fence == last + 1
+        assert int(redis_client.get(f"{key}:fence")) == indexed * 1000
+        assert 3_600_000 < redis_client.pttl(f"{key}:fence") <= 3_600_000 + 60_000
+
+
 def test_the_fence_counter_is_kept_a_minute_after_the_clock_passed_it_not_a_day(redis_client):
     fences = []
     for _ in range(200):

@@ -40,8 +40,9 @@
 -- fences rise across a restart that lost the counter and across a restore from
 -- an older snapshot (whose counter is behind), so the counter may expire. The last
 -- fence is the record's (then the tombstone's) 'last' field; only a fence ahead of
--- the clock (the clock stepped back) is also written to KEYS[2], until the clock has
--- passed it plus ARGV[6] ms, so that it outlives a lease that runs out.
+-- the clock (the clock stepped back) is also written to KEYS[2] (never below the floor
+-- already there for the index entry: fenced()), until the clock has passed it plus
+-- ARGV[6] ms, so that it outlives a lease that runs out.
 -- With ARGV[7] 'counter' it is the counter KEYS[2] + 1, and the clock only when the
 -- counter is missing: RedLock's masters then agree on the fence of a grant, and
 -- its client usually needs no second round trip to make them agree (lock_fence.lua
@@ -95,6 +96,14 @@ if value and ARGV[3] == '0' and string.byte(value, 1) ~= 10 and
     end
   end
 end
+-- A fence ahead of the clock kept apart (KEYS[2]), never below the floor listed() wrote
+-- for the index entry still running (until indexed ms): max(fence, indexed in us), until
+-- the clock has passed it by the retention.
+local function fenced(fence, indexed, ms, retention)
+  local floor = math.max(fence, indexed * 1000)
+  redis.call('SET', KEYS[2], string.format('%d', floor), 'PX',
+    math.max(ms, math.ceil((floor - now_us) / 1000) + retention))
+end
 if ARGV[3] == '0' and ARGV[7] ~= 'counter' and (not value or string.byte(value, 1) == 10) then
   -- The common case, written out: a fresh try on the clock rule finds the lock free
   -- (no key, or a tombstone: see lib/lock_record.lua).
@@ -124,8 +133,7 @@ if ARGV[3] == '0' and ARGV[7] ~= 'counter' and (not value or string.byte(value, 
   local fence = now_us
   if last >= fence then
     fence = last + 1
-    local keep = math.max(lease, math.ceil((fence - now_us) / 1000) + tonumber(ARGV[6]))
-    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', keep)
+    fenced(fence, indexed, lease, tonumber(ARGV[6]))
   end
   if indexed < now + lease then
     listed_until = string.format('%d', listed(math.max(last, fence), lease, tonumber(ARGV[6])))
@@ -199,8 +207,7 @@ else
   end
   if r.last >= fence then
     fence = r.last + 1
-    local keep = math.max(lease, math.ceil((fence - now_us) / 1000) + margin)
-    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', keep)
+    fenced(fence, r.indexed, lease, margin)
   end
 end
 r.token, r.fence, r.count, r.ttl, r.acquired_at, r.holder =
