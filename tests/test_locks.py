@@ -702,6 +702,45 @@ def test_a_release_after_the_lock_changed_hands_puts_the_new_record_back(redis_c
     assert token[:16] not in tomb.decode()
 
 
+def test_a_release_that_finds_a_value_it_did_not_write_puts_it_back_unshortened(redis_client):
+    # The release writes its tombstone first (SET ... GET). A value found there with no
+    # lease end (another program's, an older version's record) goes back without an
+    # expiry rather than a shorter one: another token could be granted while it holds.
+    lock = Lock("foreign", ttl=30)
+    assert lock.acquire(timeout=0)
+    redis_client.set(lock.keys.lock, "intruder", px=300_000)
+    with pytest.raises(LockNotOwned):
+        lock.release()
+    assert redis_client.get(lock.keys.lock) == b"intruder"
+    left = redis_client.pttl(lock.keys.lock)
+    assert left == -1 or left > 290_000
+
+
+def test_a_release_that_finds_a_tombstone_puts_it_back_as_long_as_it_lasted(redis_client):
+    # A tombstone found there (a force release unseen) whose last fence is ahead of the
+    # clock goes back kept until the clock passed that fence, not a bare retention.
+    lock = Lock("found:tomb", ttl=30)
+    assert lock.acquire(timeout=0)
+    seconds, micros = redis_client.time()
+    ahead = seconds * 1_000_000 + micros + 10**12  # 10**9 ms ahead
+    redis_client.set(lock.keys.lock, tombstone(ahead), px=10**9 + 60_000)
+    with pytest.raises(LockNotOwned):
+        lock.release()
+    assert last_fence(redis_client, lock.keys.lock) == ahead
+    assert 10**9 < redis_client.pttl(lock.keys.lock) <= 10**9 + 60_000
+
+
+def test_a_release_remembering_one_token_keeps_one(redis_client, monkeypatch):
+    from stock_locks.backends.redis import protocol
+
+    monkeypatch.setattr(protocol, "RELEASED_KEPT", 1)
+    tokens = []
+    for _ in range(3):
+        with Lock("kept:one", ttl=30) as lock:
+            tokens.append(lock.token)
+    assert redis_client.get(lock.keys.lock).decode().split("\n")[3] == tokens[-1][:16]
+
+
 def test_a_late_copy_of_a_given_up_acquire_is_refused(redis_client):
     lock = Lock("late", ttl=30)
     lock.do_release(

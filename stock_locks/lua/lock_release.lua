@@ -50,10 +50,11 @@ if ARGV[6] == 'release' and ARGV[2] == '1' and ARGV[7] and ARGV[7] ~= '' then
   if c then
     local released = string.sub(state, c + 1)
     local list = string.sub(ARGV[1], 1, 16)  -- this token's entry (ID, lib/lock_record.lua)
-    if released ~= '' then
+    local n = tonumber(ARGV[5]) - 1
+    if released ~= '' and n > 0 then
       -- The newest ARGV[5] - 1 entries before it: an entry is 16 or 17 characters (ID,
       -- '!' before a force release's), so the (n)th space is the first from 17 * n on.
-      local cut = string.find(released, ' ', 17 * (tonumber(ARGV[5]) - 1), true)
+      local cut = string.find(released, ' ', 17 * n, true)
       list = list .. ' ' .. (cut and string.sub(released, 1, cut - 1) or released)
     end
     value = redis.call('SET', KEYS[1], '\n' .. string.sub(state, 1, b) .. list,
@@ -99,8 +100,16 @@ if not r or r.token ~= ARGV[1] then
       redis.call('DEL', KEYS[1])
     elseif r.token ~= '' and r.ends and r.ends > 0 then
       redis.call('SET', KEYS[1], value, 'PXAT', r.ends)
-    else  -- a tombstone (or a value not written by these scripts): kept a retention
-      redis.call('SET', KEYS[1], value, 'PX', retention)
+    elseif r.token == '' then  -- a tombstone: kept as long as a release would keep it
+      -- (never less than it had: a retention after the clock passed its last fence)
+      local time = redis.call('TIME')
+      local ahead = r.last - (time[1] * 1000000 + time[2])
+      redis.call('SET', KEYS[1], value, 'PX', math.max(retention,
+        math.ceil(ahead / 1000) + retention))
+    else  -- a value without a lease end (another program's, an older version's record):
+      -- its expiry is unknown and must not be cut short (another token could then be
+      -- granted while it holds), so it is put back without one
+      redis.call('SET', KEYS[1], value)
     end
   end
   if r and remembered(r, entry) then
