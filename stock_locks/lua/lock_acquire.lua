@@ -122,6 +122,16 @@ if ARGV[3] == '0' and ARGV[7] ~= 'counter' and (not value or string.byte(value, 
     if released ~= '' and string.find(' ' .. released .. ' ', ' ' .. id .. ' ', 1, true) then
       return {3}
     end
+    local mark = string.find(released, '@', 1, true)  -- give-backs kept apart, until
+    if mark then  -- (lib/lock_record.lua)
+      if (tonumber(string.sub(released, mark + 1)) or 0) > now then
+        if given_back(redis.call('GET', KEYS[4]), id) then
+          return {3}
+        end
+      else  -- passed: dropped
+        released = string.sub(released, 1, math.max(0, mark - 2))
+      end
+    end
   else  -- no tombstone: a fence floor or counter may be left, and given-back tokens
     local kept = redis.call('MGET', KEYS[2], KEYS[4])
     if given_back(kept[2], id) then
@@ -180,6 +190,10 @@ if ARGV[3] ~= '0' then
   return {2}
 end
 if r and remembered(r, string.sub(ARGV[1], 1, ID)) then
+  return {3}
+end
+if r and marked(r.released, now) and
+    given_back(redis.call('GET', KEYS[4]), string.sub(ARGV[1], 1, ID)) then
   return {3}
 end
 if not r then

@@ -56,6 +56,10 @@ if ARGV[6] == 'release' and ARGV[2] == '1' and ARGV[7] and ARGV[7] ~= '' then
       -- '!' before a force release's), so the (n)th space is the first from 17 * n on.
       local cut = string.find(released, ' ', 17 * n, true)
       list = list .. ' ' .. (cut and string.sub(released, 1, cut - 1) or released)
+      local mark = cut and string.find(released, '@', cut, true)
+      if mark then  -- the give-backs' mark (lib/lock_record.lua) is never trimmed
+        list = list .. ' ' .. string.sub(released, mark)
+      end
     end
     value = redis.call('SET', KEYS[1], '\n' .. string.sub(state, 1, b) .. list,
       'PX', ARGV[4], 'GET')
@@ -116,27 +120,29 @@ if not r or r.token ~= ARGV[1] then
     return 1
   end
   if ARGV[6] == 'abandon' then
-    -- The token is remembered at least a retention (its late try may land that late),
-    -- and as long as the key lives (its record carries it on to the next tombstone).
+    -- The token is remembered at least a retention (its late try may land that late):
+    -- kept apart (KEYS[4]) that long, and in the key while it lives (its record carries
+    -- it on to the next tombstone), which is marked to read KEYS[4] until then (see
+    -- lib/lock_record.lua), however many releases trim its list meanwhile.
+    local time = redis.call('TIME')
+    local mark = '@' .. string.format('%d',
+      time[1] * 1000 + math.floor(time[2] / 1000) + retention)
+    local apart = {released = redis.call('GET', KEYS[4]) or ''}
+    remember(apart, entry, kept, mark)
+    redis.call('SET', KEYS[4], apart.released, 'PX', retention)
     if not r then  -- nothing there: a tombstone that remembers the token, and those
       -- given back while the last holder held it (KEYS[4])
-      local kept_apart = redis.call('MGET', KEYS[3], KEYS[4])
-      r = {last = tonumber(kept_apart[1] or '0'), indexed = 0, released = kept_apart[2] or ''}
-      remember(r, entry, kept)
+      r = {last = tonumber(redis.call('GET', KEYS[3]) or '0'), indexed = 0,
+        released = apart.released}
       redis.call('SET', KEYS[1], tombstone(r), 'PX', retention)
     elseif r.token == '' then  -- a tombstone (free): kept a retention more if need be
-      remember(r, entry, kept)
+      remember(r, entry, kept, mark)
       redis.call('SET', KEYS[1], tombstone(r), 'PX',
         math.max(redis.call('PTTL', KEYS[1]), retention))
-    else  -- another holder's record, whose lease (the key's expiry) must not move:
-      -- also kept apart (KEYS[4]), for when the lease runs out first
-      if r.holder then
-        remember(r, entry, kept)
-        redis.call('SET', KEYS[1], record(r), 'KEEPTTL')
-      end
-      local apart = {released = redis.call('GET', KEYS[4]) or ''}
-      remember(apart, entry, kept)
-      redis.call('SET', KEYS[4], apart.released, 'PX', retention)
+    elseif r.holder then  -- another holder's record, whose lease (the key's expiry) must
+      -- not move (KEYS[4] is for when the lease runs out first)
+      remember(r, entry, kept, mark)
+      redis.call('SET', KEYS[1], record(r), 'KEEPTTL')
     end
   end
   return 0

@@ -306,6 +306,27 @@ def test_a_try_given_up_while_another_holds_stays_refused_when_the_key_is_made_a
     assert not held(redis_client, holder.keys.lock)
 
 
+@pytest.mark.parametrize("while_", ["another holds", "the lock is free"])
+def test_a_try_given_up_stays_refused_however_many_releases_follow(while_, redis_client):
+    # The lock key keeps the last RELEASED_KEPT released tokens; a given-up try must stay
+    # refused its FENCE_RETENTION however many grants and releases come after it.
+    from stock_locks.backends.redis.protocol import RELEASED_KEPT
+
+    holder = Lock("late:many", ttl=30)
+    if while_ == "another holds":
+        assert holder.acquire(timeout=0)
+        holder.do_release("t" * 32, 1, "abandon")
+        holder.release()
+    else:
+        holder.do_release("t" * 32, 1, "abandon")
+    for _ in range(RELEASED_KEPT + 2):
+        with Lock("late:many", ttl=30):
+            pass
+    with pytest.raises(LockError):
+        holder.do_acquire("t" * 32, 0)  # the late copy lands: nothing granted
+    assert not held(redis_client, holder.keys.lock)
+
+
 def test_a_try_given_up_on_a_tombstone_about_to_expire_is_remembered_a_retention(
     redis_client,
 ):

@@ -21,6 +21,11 @@
 -- A value written by something else (a bare token) reads as a record of that token
 -- with no fence.
 --
+-- A give-back (lock_release.lua's 'abandon') also keeps its token apart (KEYS[4] of the
+-- lock scripts, ':given_back', a FENCE_RETENTION), and marks the released list with
+-- '@' .. until when (ms) that key lives: one last word, not an entry, never trimmed
+-- with them; while it runs, a fresh try also reads that key (given-back tokens are
+-- refused a FENCE_RETENTION however many releases come after them).
 -- Defines the local functions read(value) -> nil (no value) or a table with those
 -- fields (numbers for last, indexed and ends (until), token '' for a tombstone), ID;
 -- record(r) and tombstone(r), the values to write for such a table; state(r), what a
@@ -95,8 +100,26 @@ local function remembered(r, entry)
     string.find(' ' .. r.released .. ' ', ' ' .. entry .. ' ', 1, true) ~= nil
 end
 
-local function remember(r, entry, kept)
-  local list = r.released == '' and entry or entry .. ' ' .. r.released
+-- The released list without its mark, and the mark ('' without one).
+local function unmarked(list)
+  local at = string.find(list, '@', 1, true)
+  if not at then
+    return list, ''
+  end
+  return string.sub(list, 1, math.max(0, at - 2)), string.sub(list, at)
+end
+
+-- Whether the give-backs kept apart (':given_back') may still list tokens: the mark's
+-- time not passed yet.
+local function marked(list, now_ms)
+  local at = string.find(list, '@', 1, true)
+  return at ~= nil and (tonumber(string.sub(list, at + 1)) or 0) > now_ms
+end
+
+local function remember(r, entry, kept, mark)
+  local released, old_mark = unmarked(r.released)
+  mark = mark or old_mark
+  local list = released == '' and entry or entry .. ' ' .. released
   local at, count = 0, 0
   while true do
     at = string.find(list, ' ', at + 1, true)
@@ -109,5 +132,5 @@ local function remember(r, entry, kept)
       break
     end
   end
-  r.released = list
+  r.released = mark == '' and list or list .. ' ' .. mark
 end
