@@ -751,6 +751,22 @@ def test_a_late_copy_of_a_given_up_acquire_is_refused(redis_client):
     assert not held(redis_client, lock.keys.lock)
 
 
+def test_a_try_given_up_stays_refused_when_one_released_token_is_kept(redis_client, monkeypatch):
+    # With one released token kept, a release keeps its own: the give-backs' mark (read
+    # :given_back until then) must stay beside it, not be trimmed away with the rest.
+    from stock_locks.backends.redis import protocol
+
+    monkeypatch.setattr(protocol, "RELEASED_KEPT", 1)
+    lock = Lock("late:one", ttl=30)
+    lock.do_release("t" * 32, 1, "abandon")
+    for _ in range(2):
+        with Lock("late:one", ttl=30):
+            pass
+    with pytest.raises(LockError):
+        lock.do_acquire("t" * 32, 0)  # the late copy lands: nothing granted
+    assert not held(redis_client, lock.keys.lock)
+
+
 def test_a_force_released_holder_is_told_it_lost_the_lock(redis_client):
     from stock_locks.dashboard.actions import force_release_lock
 

@@ -51,11 +51,14 @@ if ARGV[6] == 'release' and ARGV[2] == '1' and ARGV[7] and ARGV[7] ~= '' then
     local released = string.sub(state, c + 1)
     local list = string.sub(ARGV[1], 1, 16)  -- this token's entry (ID, lib/lock_record.lua)
     local n = tonumber(ARGV[5]) - 1
-    if released ~= '' and n > 0 then
+    if released ~= '' then
       -- The newest ARGV[5] - 1 entries before it: an entry is 16 or 17 characters (ID,
       -- '!' before a force release's), so the (n)th space is the first from 17 * n on.
-      local cut = string.find(released, ' ', 17 * n, true)
-      list = list .. ' ' .. (cut and string.sub(released, 1, cut - 1) or released)
+      local cut = 1  -- (none of them kept: all cut, from the start)
+      if n > 0 then
+        cut = string.find(released, ' ', 17 * n, true)
+        list = list .. ' ' .. (cut and string.sub(released, 1, cut - 1) or released)
+      end
       local mark = cut and string.find(released, '@', cut, true)
       if mark then  -- the give-backs' mark (lib/lock_record.lua) is never trimmed
         list = list .. ' ' .. string.sub(released, mark)
