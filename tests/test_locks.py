@@ -751,6 +751,28 @@ def test_a_late_copy_of_a_given_up_acquire_is_refused(redis_client):
     assert not held(redis_client, lock.keys.lock)
 
 
+def _lease_runs_out(redis_client, lock: Lock) -> None:
+    redis_client.pexpire(lock.keys.lock, 1)  # the holder's lease runs out, unreleased
+    wait_until(lambda: not redis_client.exists(lock.keys.lock), what="the lease end")
+
+
+def test_a_granted_try_given_up_stays_refused_after_a_later_lease_ran_out(redis_client):
+    # The try was granted but its reply was lost, and its caller gave up: the give-back
+    # finds the token's own record. A later holder's lease then runs out without a
+    # release (the lock key, and the released tokens it carried, gone) before the late
+    # copy of the try lands: it must still be refused (kept apart, :given_back).
+    lock = Lock("late:own", ttl=30)
+    assert lock.do_acquire("t" * 32, 0).granted  # the reply "lost"
+    lock.do_release("t" * 32, 1, "abandon")
+    assert not held(redis_client, lock.keys.lock)
+    other = Lock("late:own", ttl=30)
+    assert other.acquire(timeout=0)
+    _lease_runs_out(redis_client, other)
+    with pytest.raises(LockError):
+        lock.do_acquire("t" * 32, 0)  # the late copy lands: nothing granted
+    assert not held(redis_client, lock.keys.lock)
+
+
 def test_a_try_given_up_stays_refused_when_one_released_token_is_kept(redis_client, monkeypatch):
     # With one released token kept, a release keeps its own: the give-backs' mark (read
     # :given_back until then) must stay beside it, not be trimmed away with the rest.

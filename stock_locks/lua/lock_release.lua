@@ -101,6 +101,20 @@ if not clobbered then
   value = redis.call('GET', KEYS[1])
 end
 local r = read(value)
+-- A give-back ('abandon'): the token is remembered at least a retention (its late try
+-- may land that late): kept apart (KEYS[4]) that long, and in the key while it lives
+-- (its record carries it on to the next tombstone), which is marked to read KEYS[4]
+-- until then (see lib/lock_record.lua), however many releases trim its list meanwhile
+-- or a lease runs out. Returns the mark, and what KEYS[4] now holds.
+local function give_back()
+  local time = redis.call('TIME')
+  local mark = '@' .. string.format('%d',
+    time[1] * 1000 + math.floor(time[2] / 1000) + retention)
+  local apart = {released = redis.call('GET', KEYS[4]) or ''}
+  remember(apart, entry, kept, mark)
+  redis.call('SET', KEYS[4], apart.released, 'PX', retention)
+  return mark, apart.released
+end
 if not r or r.token ~= ARGV[1] then
   if clobbered then  -- put back what the SET ... GET replaced
     if not r then
@@ -123,20 +137,11 @@ if not r or r.token ~= ARGV[1] then
     return 1
   end
   if ARGV[6] == 'abandon' then
-    -- The token is remembered at least a retention (its late try may land that late):
-    -- kept apart (KEYS[4]) that long, and in the key while it lives (its record carries
-    -- it on to the next tombstone), which is marked to read KEYS[4] until then (see
-    -- lib/lock_record.lua), however many releases trim its list meanwhile.
-    local time = redis.call('TIME')
-    local mark = '@' .. string.format('%d',
-      time[1] * 1000 + math.floor(time[2] / 1000) + retention)
-    local apart = {released = redis.call('GET', KEYS[4]) or ''}
-    remember(apart, entry, kept, mark)
-    redis.call('SET', KEYS[4], apart.released, 'PX', retention)
+    local mark, apart = give_back()
     if not r then  -- nothing there: a tombstone that remembers the token, and those
       -- given back while the last holder held it (KEYS[4])
       r = {last = tonumber(redis.call('GET', KEYS[3]) or '0'), indexed = 0,
-        released = apart.released}
+        released = apart}
       redis.call('SET', KEYS[1], tombstone(r), 'PX', retention)
     elseif r.token == '' then  -- a tombstone (free): kept a retention more if need be
       remember(r, entry, kept, mark)
@@ -165,7 +170,10 @@ if ARGV[6] == 'retract' then
   redis.call('SET', KEYS[1], tombstone(r), 'PX', retention)
   return 1
 end
-remember(r, entry, kept)
+-- A give-back of this token's own grant (its acquire was granted, the reply lost, the
+-- caller gave up) is kept apart too: the tombstone alone is gone with the next lease
+-- that runs out without a release.
+remember(r, entry, kept, ARGV[6] == 'abandon' and give_back() or nil)
 -- The tombstone keeps the last fence until the Redis clock has passed it, plus the
 -- retention. A fence is the clock at its grant unless the clock stepped back: read
 -- the clock only then.
