@@ -40,7 +40,7 @@ class LockKeys(NamedTuple):
     fence: str  # a fencing counter ahead of the clock (and RedLock's counter)
     signal: str  # wake-up list a release pushes to; waiters BLPOP it
     index: str  # type: ignore[assignment]  # zset of locks in use (key -> listed until, ms) in its slot
-    given_back: str  # tokens given back while another token held the lock (FENCE_RETENTION)
+    given_back: str  # tries given up (a zset: each FENCE_RETENTION, pruned on write)
 
 
 _ESCAPES = {"%": "%25", "{": "%7B", "}": "%7D"}

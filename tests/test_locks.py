@@ -773,6 +773,52 @@ def test_a_granted_try_given_up_stays_refused_after_a_later_lease_ran_out(redis_
     assert not held(redis_client, lock.keys.lock)
 
 
+@pytest.mark.parametrize("while_", ["another holds", "the lock is free"])
+def test_every_try_given_up_within_the_retention_stays_refused(while_, redis_client):
+    # More tries given up than the lock key keeps released tokens (RELEASED_KEPT), all
+    # within FENCE_RETENTION: the first of them is refused as the last is, also once the
+    # lock key is gone (a lease that ran out).
+    from stock_locks.backends.redis.protocol import RELEASED_KEPT
+
+    holder = Lock("late:more", ttl=30)
+    assert holder.acquire(timeout=0)
+    if while_ == "the lock is free":
+        holder.release()
+    tokens = [f"{i:x}" * 32 for i in range(RELEASED_KEPT + 2)]
+    for token in tokens:
+        holder.do_release(token[:32], 1, "abandon")
+    if while_ == "another holds":
+        _lease_runs_out(redis_client, holder)
+    else:
+        for token in (tokens[0], tokens[-1]):
+            with pytest.raises(LockError):
+                holder.do_acquire(token[:32], 0)  # a late copy lands: nothing granted
+        redis_client.delete(holder.keys.lock)  # (as if its tombstone had expired)
+    for token in (tokens[0], tokens[-1]):
+        with pytest.raises(LockError):
+            holder.do_acquire(token[:32], 0)
+    assert not held(redis_client, holder.keys.lock)
+
+
+def test_given_back_tries_are_dropped_once_their_retention_passed(redis_client):
+    # :given_back is bounded by time: each write drops the entries whose time passed.
+    lock = Lock("late:pruned", ttl=30)
+    key = lock.keys.given_back
+    lock.do_release("b" * 32, 1, "abandon")  # kept a minute (and the key with it)
+    with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "FENCE_RETENTION": 0.05}):
+        lock.do_release("a" * 32, 1, "abandon")  # kept 50 ms (the key still a minute)
+    until = redis_client.zscore(key, "a" * 16)
+
+    def redis_clock_passed() -> bool:
+        seconds, micros = redis_client.time()
+        return seconds * 1000 + micros // 1000 > until
+
+    wait_until(redis_clock_passed, what="the first give-back's retention passed")
+    lock.do_release("c" * 32, 1, "abandon")
+    assert sorted(redis_client.zrange(key, 0, -1)) == [b"b" * 16, b"c" * 16]
+    assert 55_000 < redis_client.pttl(key) <= 60_000
+
+
 def test_a_try_given_up_stays_refused_when_one_released_token_is_kept(redis_client, monkeypatch):
     # With one released token kept, a release keeps its own: the give-backs' mark (read
     # :given_back until then) must stay beside it, not be trimmed away with the rest.

@@ -11,9 +11,10 @@
 --         would end before the new lease, for two leases, so a lock taken and given
 --         back over and over writes it about once a lease; the key expires with its
 --         last entry
--- KEYS[4] tokens given back while another token held the lock (lock_release.lua's
---         'abandon'), read only when the lock key is gone, and then carried on into
---         the key made (its released tokens)
+-- KEYS[4] tokens given back (lock_release.lua's 'abandon'; a zset, entry -> until when
+--         it is kept, ms), read while the lock key's released list is marked to (see
+--         lib/lock_record.lua) or the key is gone; a key made from nothing then carries
+--         the mark on (until KEYS[4] expires)
 -- ARGV[1] token          ARGV[2] lease in ms
 -- ARGV[3] how many times this token already holds the lock (0 = fresh)
 -- ARGV[4] "1" when the caller waited before this try, else "0"
@@ -51,10 +52,23 @@
 local value = redis.call('GET', KEYS[1])
 local lease = tonumber(ARGV[2])
 
--- Whether token is among the tokens given back while another token held the lock
--- (KEYS[4], written by lock_release.lua's 'abandon'; read only when KEYS[1] is gone).
-local function given_back(list, token)
-  return list and string.find(' ' .. list .. ' ', ' ' .. token .. ' ', 1, true) ~= nil
+-- Whether the released-token entry id is among the tokens given back (KEYS[4], written
+-- by lock_release.lua's 'abandon').
+local function given_back(id)
+  return redis.call('ZSCORE', KEYS[4], id) ~= false
+end
+
+-- With no lock key: nil when the entry id was given back (refused), else the released
+-- list of the key made now: the mark to read KEYS[4] until it expires, '' when it is gone.
+local function carried(id)
+  local left = redis.call('PTTL', KEYS[4])
+  if left == -2 then
+    return ''
+  end
+  if given_back(id) then
+    return nil
+  end
+  return '@' .. string.format('%d', now + (left >= 0 and left or tonumber(ARGV[6])))
 end
 
 -- List the name in the held-locks index for two leases (returns until when), drop the
@@ -125,7 +139,7 @@ if ARGV[3] == '0' and ARGV[7] ~= 'counter' and (not value or string.byte(value, 
     local mark = string.find(released, '@', 1, true)  -- give-backs kept apart, until
     if mark then  -- (lib/lock_record.lua)
       if (tonumber(string.sub(released, mark + 1)) or 0) > now then
-        if given_back(redis.call('GET', KEYS[4]), id) then
+        if given_back(id) then
           return {3}
         end
       else  -- passed: dropped
@@ -133,12 +147,11 @@ if ARGV[3] == '0' and ARGV[7] ~= 'counter' and (not value or string.byte(value, 
       end
     end
   else  -- no tombstone: a fence floor or counter may be left, and given-back tokens
-    local kept = redis.call('MGET', KEYS[2], KEYS[4])
-    if given_back(kept[2], id) then
+    released = carried(id)  -- (the key now made reads them while they are kept)
+    if not released then
       return {3}
     end
-    last = tonumber(kept[1] or '0')
-    released = kept[2] or ''  -- carried on: the key now made remembers them (kept trimmed)
+    last = tonumber(redis.call('GET', KEYS[2]) or '0')
   end
   local fence = now_us
   if last >= fence then
@@ -192,18 +205,16 @@ end
 if r and remembered(r, string.sub(ARGV[1], 1, ID)) then
   return {3}
 end
-if r and marked(r.released, now) and
-    given_back(redis.call('GET', KEYS[4]), string.sub(ARGV[1], 1, ID)) then
+if r and marked(r.released, now) and given_back(string.sub(ARGV[1], 1, ID)) then
   return {3}
 end
 if not r then
-  -- No key: the tokens given back while the last holder held it are carried on (the key
-  -- made now remembers them; KEYS[4] was trimmed to the kept count when written).
-  local apart = redis.call('GET', KEYS[4])
-  if given_back(apart, string.sub(ARGV[1], 1, ID)) then
+  -- No key: the key made now reads the given-back tokens while they are kept.
+  local released = carried(string.sub(ARGV[1], 1, ID))
+  if not released then
     return {3}
   end
-  r = {last = 0, indexed = 0, released = apart or ''}
+  r = {last = 0, indexed = 0, released = released}
 end
 -- Free: a fresh grant.
 local margin = tonumber(ARGV[6])

@@ -2,7 +2,7 @@
 --
 -- KEYS[1] lock key (the holder's record, then a tombstone; see lib/lock_record.lua)
 -- KEYS[2] wake-up signal list   KEYS[3] fencing counter (see lock_acquire.lua)
--- KEYS[4] tokens given back while another token held the lock ('abandon' below)
+-- KEYS[4] tokens given back ('abandon' below): a zset, entry -> until when it is kept (ms)
 -- ARGV[1] token
 -- ARGV[2] count: how many times the token holds the lock (1 unless reentrant)
 -- ARGV[3] how long the wake-up signal waits for a waiter, ms
@@ -105,15 +105,17 @@ local r = read(value)
 -- may land that late): kept apart (KEYS[4]) that long, and in the key while it lives
 -- (its record carries it on to the next tombstone), which is marked to read KEYS[4]
 -- until then (see lib/lock_record.lua), however many releases trim its list meanwhile
--- or a lease runs out. Returns the mark, and what KEYS[4] now holds.
+-- or a lease runs out. KEYS[4] is a zset (entry -> until when it is kept, ms), bounded by
+-- time, not count: the entries whose time passed are dropped on each write, and the key
+-- expires with its latest entry. Returns the mark.
 local function give_back()
   local time = redis.call('TIME')
-  local mark = '@' .. string.format('%d',
-    time[1] * 1000 + math.floor(time[2] / 1000) + retention)
-  local apart = {released = redis.call('GET', KEYS[4]) or ''}
-  remember(apart, entry, kept, mark)
-  redis.call('SET', KEYS[4], apart.released, 'PX', retention)
-  return mark, apart.released
+  local now_ms = time[1] * 1000 + math.floor(time[2] / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_ms)
+  redis.call('ZADD', KEYS[4], now_ms + retention, entry)
+  redis.call('PEXPIRE', KEYS[4], retention, 'NX')  -- (never shortened: a retention
+  redis.call('PEXPIRE', KEYS[4], retention, 'GT')  -- configured shorter meanwhile)
+  return '@' .. string.format('%d', now_ms + retention)
 end
 if not r or r.token ~= ARGV[1] then
   if clobbered then  -- put back what the SET ... GET replaced
@@ -137,11 +139,11 @@ if not r or r.token ~= ARGV[1] then
     return 1
   end
   if ARGV[6] == 'abandon' then
-    local mark, apart = give_back()
-    if not r then  -- nothing there: a tombstone that remembers the token, and those
-      -- given back while the last holder held it (KEYS[4])
-      r = {last = tonumber(redis.call('GET', KEYS[3]) or '0'), indexed = 0,
-        released = apart}
+    local mark = give_back()
+    if not r then  -- nothing there: a tombstone that remembers the token, marked to
+      -- read those given back before it (KEYS[4]) while they are kept
+      r = {last = tonumber(redis.call('GET', KEYS[3]) or '0'), indexed = 0, released = ''}
+      remember(r, entry, kept, mark)
       redis.call('SET', KEYS[1], tombstone(r), 'PX', retention)
     elseif r.token == '' then  -- a tombstone (free): kept a retention more if need be
       remember(r, entry, kept, mark)

@@ -22,7 +22,8 @@
 -- with no fence.
 --
 -- A give-back (lock_release.lua's 'abandon') also keeps its token apart (KEYS[4] of the
--- lock scripts, ':given_back', a FENCE_RETENTION), and marks the released list with
+-- lock scripts, ':given_back', a zset of entries by until when, each a FENCE_RETENTION,
+-- however many), and marks the released list with
 -- '@' .. until when (ms) that key lives: one last word, not an entry, never trimmed
 -- with them; while it runs, a fresh try also reads that key (given-back tokens are
 -- refused a FENCE_RETENTION however many releases come after them).
