@@ -130,8 +130,14 @@ if not r or r.token ~= ARGV[1] then
       redis.call('SET', KEYS[1], value, 'PX', math.max(retention,
         math.ceil(ahead / 1000) + retention))
     else  -- a value without a lease end (another program's, an older version's record):
-      -- its expiry is unknown and must not be cut short (another token could then be
-      -- granted while it holds), so it is put back without one
+      -- its expiry must not be cut short (another token could then be granted while it
+      -- holds), and it is unknown here: the SET ... GET above replaced it, and reading
+      -- it first (PTTL) would cost every release a server command (the uncontended cycle
+      -- 7, not 6) for a case no process of this version makes (its records carry their
+      -- lease end; docs/operations.md: stop the old version's processes first); nor does
+      -- the value tell it (an old record's ttl and acquired_at miss its extensions). So
+      -- it is put back without one, and stays until its writer or an operator
+      -- (force_release) removes it: kept too long rather than granted twice.
       redis.call('SET', KEYS[1], value)
     end
   end
