@@ -822,6 +822,34 @@ def test_given_back_tries_are_dropped_once_their_retention_passed(redis_client):
     assert 55_000 < redis_client.pttl(key) <= 60_000
 
 
+def test_a_give_back_under_a_shorter_retention_keeps_the_later_mark(redis_client):
+    # Two tries given up beside a holder, the second under a shorter FENCE_RETENTION:
+    # the lock key's mark (read :given_back until then) must stay the first's, the later
+    # one. Once the second's time has passed and releases trimmed the first from the
+    # key's list, its late copy must still be refused.
+    from stock_locks.backends.redis.protocol import RELEASED_KEPT
+
+    holder = Lock("late:shorter", ttl=30)
+    assert holder.acquire(timeout=0)
+    holder.do_release("a" * 32, 1, "abandon")  # kept a FENCE_RETENTION (a minute)
+    with override_settings(STOCK_LOCKS={**settings.STOCK_LOCKS, "FENCE_RETENTION": 0.05}):
+        holder.do_release("b" * 32, 1, "abandon")  # kept 50 ms
+    until = redis_client.zscore(holder.keys.given_back, "b" * 16)
+    holder.release()
+    for _ in range(RELEASED_KEPT):
+        with Lock("late:shorter", ttl=30):
+            pass
+
+    def redis_clock_passed() -> bool:
+        seconds, micros = redis_client.time()
+        return seconds * 1000 + micros // 1000 > until
+
+    wait_until(redis_clock_passed, what="the second give-back's retention passed")
+    with pytest.raises(LockError):
+        holder.do_acquire("a" * 32, 0)  # the late copy of the first lands: nothing granted
+    assert not held(redis_client, holder.keys.lock)
+
+
 def test_a_try_given_up_stays_refused_when_one_released_token_is_kept(redis_client, monkeypatch):
     # With one released token kept, a release keeps its own: the give-backs' mark (read
     # :given_back until then) must stay beside it, not be trimmed away with the rest.

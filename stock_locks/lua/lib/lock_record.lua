@@ -31,8 +31,8 @@
 -- fields (numbers for last, indexed and ends (until), token '' for a tombstone), ID;
 -- record(r) and tombstone(r), the values to write for such a table; state(r), what a
 -- grant returns (see there); remembered(r, entry), whether
--- entry is among r.released; remember(r, entry, kept), entry put first in r.released,
--- at most kept entries kept.
+-- entry is among r.released; remember(r, entry, kept, mark), entry put first in
+-- r.released, at most kept entries kept, marked with the later of mark and its own.
 local ID = 16  -- the characters of a token a released-token entry keeps
 
 local function read(value)
@@ -119,7 +119,14 @@ end
 
 local function remember(r, entry, kept, mark)
   local released, old_mark = unmarked(r.released)
-  mark = mark or old_mark
+  -- The later mark: :given_back lives as long as its latest entry (never shortened), so
+  -- a give-back under a shorter retention must not make fresh tries stop reading it.
+  local function ms(m)
+    return m and tonumber(string.sub(m, 2)) or 0
+  end
+  if not mark or ms(old_mark) > ms(mark) then
+    mark = old_mark
+  end
   local list = released == '' and entry or entry .. ' ' .. released
   local at, count = 0, 0
   while true do
