@@ -850,6 +850,24 @@ def test_a_give_back_under_a_shorter_retention_keeps_the_later_mark(redis_client
     assert not held(redis_client, holder.keys.lock)
 
 
+@pytest.mark.parametrize("then", ["released", "re-granted, then released"])
+def test_a_try_given_up_beside_a_value_without_holder_fields_stays_refused(then, redis_client):
+    # The lock key holds a bare token (another program's value): a give-back beside it
+    # is kept in :given_back only (the value is not rewritten). When that token is then
+    # released (or granted again to it and released), the tombstone must still read
+    # :given_back: a late copy of the given-up try is refused.
+    lock = Lock("late:bare", ttl=30)
+    bare = "e" * 32
+    redis_client.set(lock.keys.lock, bare, px=30_000)
+    assert lock.do_release("t" * 32, 1, "abandon") == 0
+    if then != "released":
+        assert lock.do_acquire(bare, 0).granted  # its token's repeated try: its record now
+    assert lock.do_release(bare, 1) == 1
+    with pytest.raises(LockError):
+        lock.do_acquire("t" * 32, 0)  # the late copy lands: nothing granted
+    assert not held(redis_client, lock.keys.lock)
+
+
 def test_a_try_given_up_stays_refused_when_one_released_token_is_kept(redis_client, monkeypatch):
     # With one released token kept, a release keeps its own: the give-backs' mark (read
     # :given_back until then) must stay beside it, not be trimmed away with the rest.

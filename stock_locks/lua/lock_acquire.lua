@@ -190,6 +190,13 @@ if r and r.token ~= '' then
     r.fence = r.fence or redis.call('GET', KEYS[2]) or '0'
     r.ttl, r.acquired_at, r.holder = ARGV[2], now, ARGV[5]
     r.last = math.max(r.last, tonumber(r.fence))
+    -- A give-back beside such a value could not mark it, only KEYS[4]: the record made
+    -- now reads that key while it lives (as carried() marks a key made from nothing).
+    local left = redis.call('PTTL', KEYS[4])
+    if left > 0 and not string.find(r.released, '@', 1, true) then
+      r.released = (r.released == '' and '' or r.released .. ' ') ..
+        '@' .. string.format('%d', now + left)
+    end
   end
   r.count = tonumber(ARGV[3]) + 1
   if r.indexed < now + lease then

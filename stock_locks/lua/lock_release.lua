@@ -181,7 +181,17 @@ end
 -- A give-back of this token's own grant (its acquire was granted, the reply lost, the
 -- caller gave up) is kept apart too: the tombstone alone is gone with the next lease
 -- that runs out without a release.
-remember(r, entry, kept, ARGV[6] == 'abandon' and give_back() or nil)
+local mark = ARGV[6] == 'abandon' and give_back() or nil
+if not r.holder then  -- a value without holder fields (a bare token): a give-back beside
+  -- it could not mark it, only KEYS[4]; the tombstone reads that key while it lives (as
+  -- lock_acquire.lua's carried() marks a key made from nothing). (Rare: a command more.)
+  local left = redis.call('PTTL', KEYS[4])
+  if left > 0 then
+    local time = redis.call('TIME')
+    mark = '@' .. string.format('%d', time[1] * 1000 + math.floor(time[2] / 1000) + left)
+  end
+end
+remember(r, entry, kept, mark)
 -- The tombstone keeps the last fence until the Redis clock has passed it, plus the
 -- retention. A fence is the clock at its grant unless the clock stepped back: read
 -- the clock only then.
