@@ -884,6 +884,25 @@ def test_a_try_given_up_stays_refused_when_one_released_token_is_kept(redis_clie
     assert not held(redis_client, lock.keys.lock)
 
 
+def test_a_release_that_puts_back_a_value_without_expiry_logs_a_warning(redis_client, caplog):
+    # The holder's lease ran out and another program wrote the key (no lease end in it):
+    # the write-first release replaced it, puts it back without an expiry (its own is
+    # unknown), and warns an operator that force_release frees it if it stays.
+    lock = Lock("put:back", ttl=30)
+    assert lock.acquire(timeout=0)
+    redis_client.set(lock.keys.lock, "f" * 32, px=30_000)  # (as if after the lease end)
+    with (
+        caplog.at_level(logging.WARNING, logger="stock_locks.lock.release"),
+        pytest.raises(LockNotOwned),
+    ):
+        lock.release()
+    assert redis_client.get(lock.keys.lock) == b"f" * 32
+    assert redis_client.pttl(lock.keys.lock) == -1
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1
+    assert "put:back" in warned[0].getMessage() and "force_release" in warned[0].getMessage()
+
+
 def test_a_force_released_holder_is_told_it_lost_the_lock(redis_client):
     from stock_locks.dashboard.actions import force_release_lock
 

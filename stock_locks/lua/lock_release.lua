@@ -24,7 +24,9 @@
 -- Returns 1 when the lock was freed (or this call's release already happened:
 -- a repeat whose first reply was lost), 2 when a reentrant hold was only
 -- decremented (still held), 0 when the token does not hold it (nothing
--- changed).
+-- changed). 3 (for 0) and 4 (for 1) say that the write-first release (ARGV[7]) replaced
+-- a value without a lease end and put it back without an expiry (see below): it stays
+-- until its writer or an operator (force_release) removes it.
 --
 -- The released tokens are remembered in the lock key itself (the tombstone, then the
 -- next holder's record, which carries them on): a release repeated after another
@@ -117,6 +119,7 @@ local function give_back()
   redis.call('PEXPIRE', KEYS[4], retention, 'GT')  -- configured shorter meanwhile)
   return '@' .. string.format('%d', now_ms + retention)
 end
+local unexpiring = false  -- a value put back without an expiry (below)
 if not r or r.token ~= ARGV[1] then
   if clobbered then  -- put back what the SET ... GET replaced
     if not r then
@@ -137,12 +140,14 @@ if not r or r.token ~= ARGV[1] then
       -- lease end; docs/operations.md: stop the old version's processes first); nor does
       -- the value tell it (an old record's ttl and acquired_at miss its extensions). So
       -- it is put back without one, and stays until its writer or an operator
-      -- (force_release) removes it: kept too long rather than granted twice.
+      -- (force_release) removes it: kept too long rather than granted twice. The reply
+      -- says so (3 or 4 below), for the caller to warn an operator.
       redis.call('SET', KEYS[1], value)
+      unexpiring = true
     end
   end
   if r and remembered(r, entry) then
-    return 1
+    return unexpiring and 4 or 1
   end
   if ARGV[6] == 'abandon' then
     local mark = give_back()
@@ -161,7 +166,7 @@ if not r or r.token ~= ARGV[1] then
       redis.call('SET', KEYS[1], record(r), 'KEEPTTL')
     end
   end
-  return 0
+  return unexpiring and 3 or 0
 end
 local count = tonumber(ARGV[2])
 if count > 1 then

@@ -14,6 +14,7 @@ slot, and batches (watchdog renewals) run per node.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -76,6 +77,12 @@ T = TypeVar("T")
 # its entry, so past this many they are all dropped (those releases then read the
 # record first, as without it).
 GRANT_STATES_KEPT = 10_000
+
+
+release_log = logging.getLogger("stock_locks.lock.release")  # (core/lock.py's)
+# lock_release.lua's replies 3 and 4: NOT_OWNED and RELEASED, and it put back a value
+# it did not write without an expiry (an operator may have to force_release it).
+_PUT_BACK_UNEXPIRING = frozenset((3, 4))
 
 
 class RedisBackend(Backend):
@@ -249,6 +256,14 @@ class RedisBackend(Backend):
         state = self._grant_states.pop((spec.keys.lock, token), "") if count == 1 else ""
         argv = (*release_argv(token, count, mode), state)
         reply = yield from script(scripts.LOCK_RELEASE, spec.release_keys, argv, spec.release_head)
+        if reply in _PUT_BACK_UNEXPIRING:  # (lock_release.lua: 3 for 0, 4 for 1)
+            release_log.warning(
+                "lock %r: its release found a value it did not write (another program's, "
+                "an older version's record) and put it back without an expiry; if the lock "
+                "stays held, free it with force_release",
+                spec.name,
+            )
+            reply -= 3
         return ReleaseOutcome.of(reply)
 
     def lock_extend(
