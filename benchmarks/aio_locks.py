@@ -83,6 +83,7 @@ async def uncontended(url: str, args: argparse.Namespace) -> list[str]:
             cpu[name].append(used)
         for name in contenders:
             ratios[name].append(this_round[name] / this_round["redis-py asyncio Lock"])
+    commands = await _commands_per_cycle(url, contenders)
     await theirs_client.aclose()
     rows = [
         (
@@ -91,6 +92,7 @@ async def uncontended(url: str, args: argparse.Namespace) -> list[str]:
             f"{support.median(ratios[name]):.2f}x",
             f"{min(ratios[name]):.2f}-{max(ratios[name]):.2f}",
             f"{support.median(cpu[name]):.0f}",
+            f"{commands[name]:.2f}",
         )
         for name in contenders
     ]
@@ -98,11 +100,38 @@ async def uncontended(url: str, args: argparse.Namespace) -> list[str]:
     return [
         f"(a) uncontended acquire+release, {args.rounds} rounds of {args.seconds}s each",
         support.table(
-            ["contender", "cycles/s", "vs redis-py asyncio", "min-max", "client CPU us/cycle"], rows
+            [
+                "contender",
+                "cycles/s",
+                "vs redis-py asyncio",
+                "min-max",
+                "client CPU us/cycle",
+                "server commands/cycle",
+            ],
+            rows,
         ),
+        "server commands/cycle: CONFIG RESETSTAT, then INFO commandstats after "
+        f"{COUNTED_CYCLES} cycles (commands run by Lua scripts count too)",
         f"target aio.Lock >= 1.0x redis-py's asyncio Lock: {ours_ratio:.2f}x "
         f"{support.verdict(ours_ratio >= 1.0)}",
     ]
+
+
+COUNTED_CYCLES = 1000  # cycles per contender of the counted run
+
+
+async def _commands_per_cycle(url: str, contenders: dict) -> dict[str, float]:
+    """Server commands per acquire+release cycle of each contender (INFO commandstats)."""
+    counter = redis.Redis.from_url(url)
+    out = {}
+    for name, (acquire, release) in contenders.items():
+        counter.config_resetstat()
+        for _ in range(COUNTED_CYCLES):
+            await acquire()
+            await release()
+        out[name] = sum(support.command_calls(counter).values()) / COUNTED_CYCLES
+    counter.close()
+    return out
 
 
 async def _contend(make_lock, coroutines: int, count_clients) -> dict[str, float]:

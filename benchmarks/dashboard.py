@@ -102,9 +102,10 @@ def _refresh(client: Any) -> tuple[list[str], list[str]]:
     """One refresh's Redis reads as shipped; the semaphores' and queues' names."""
     from stock_locks.backends.redis.errors import translated
     from stock_locks.dashboard.snapshot import charts, delay_queues, lock_page, semaphores
+    from stock_locks.dashboard.timeline import recent
 
     with translated():
-        charts(client)
+        charts(recent(300, client))  # the default window's timeline
         lock_page("", 1, client)
         rows = semaphores(client), delay_queues(client)
     return [row["name"] for row in rows[0]], [row["name"] for row in rows[1]]
@@ -118,12 +119,13 @@ def _refresh_by_scan(client: Any) -> tuple[list[str], list[str]]:
     from stock_locks.backends.redis.protocol import decoded
     from stock_locks.conf import settings
     from stock_locks.dashboard.snapshot import charts, lock_page
+    from stock_locks.dashboard.timeline import recent
     from stock_locks.keys import unescape_name
     from stock_locks.operations import semaphore_state
 
     prefix = settings.key_prefix()
     with translated():
-        charts(client)
+        charts(recent(300, client))  # the default window's timeline
         lock_page("", 1, client)
         head = f"{prefix}:sem:{{"
         found = set()
@@ -241,7 +243,7 @@ def _grant_and_release(client: Any, orders: int) -> None:
                          *acquire_argv(token, ttl_ms, 0, holder, False))  # fmt: skip
             release = release_keys(keys)
             pipe.evalsha(scripts.LOCK_RELEASE.sha, len(release), *release,
-                         *release_argv(token, 1, ttl_ms))  # fmt: skip
+                         *release_argv(token, 1))  # fmt: skip
         for reply in pipe.execute()[::2]:
             if int(reply[0]) != 1:
                 raise RuntimeError(f"an order lock was not granted: {reply!r}")
@@ -254,16 +256,20 @@ def _used_memory(client: Any) -> int:
 def _fence_ttls(client: Any, orders: int) -> list[float]:
     from stock_locks.keys import lock_keys
 
+    # The fence is kept by the lock key's tombstone and (a floor) by the :fence key: the
+    # longer of the two.
     pipe = client.pipeline(transaction=False)
     for n in range(0, orders, max(1, orders // 100)):
-        pipe.pttl(lock_keys(f"order:{n}").fence)
-    return [ms / 1000 for ms in pipe.execute()]
+        keys = lock_keys(f"order:{n}")
+        pipe.pttl(keys.lock)
+        pipe.pttl(keys.fence)
+    replies = pipe.execute()
+    return [max(a, b) / 1000 for a, b in zip(replies[::2], replies[1::2], strict=True)]
 
 
 def fence_memory(args: Any) -> list[str]:
     from stock_locks.backends.redis import get_redis
     from stock_locks.conf import settings
-    from stock_locks.keys import lock_keys
 
     client = get_redis()
     rows = []
@@ -276,11 +282,8 @@ def fence_memory(args: Any) -> list[str]:
             before = _used_memory(client)
             _grant_and_release(client, args.orders)
             after_cycles = _used_memory(client)
-            # Leave the fence counters alone: the lists of released tokens live one lease.
-            pipe = client.pipeline(transaction=False)
-            for n in range(args.orders):
-                pipe.unlink(lock_keys(f"order:{n}").released)
-            pipe.execute()
+            # What is left is the fences' (the tombstone, which also carries the released
+            # tokens, and the :fence floor): nothing to leave out.
             fences = _used_memory(client) - before
             ttls = _fence_ttls(client, args.orders)
             # Kept for `keep` seconds after an order's last grant: at a million orders a
@@ -328,7 +331,9 @@ def _expired(client: Any, orders: int) -> str:
         _grant_and_release(client, orders)
         granted = time.monotonic()
         grown = _used_memory(client) - before
-        sample = [lock_keys(f"order:{n}").fence for n in range(0, orders, max(1, orders // 100))]
+        every = max(1, orders // 100)
+        # each sampled order's lock key (its tombstone) and :fence key
+        sample = [key for n in range(0, orders, every) for key in lock_keys(f"order:{n}")[:2]]
         support.progress("fence counters: waiting for them to expire (about a minute)")
         while client.exists(*sample) and time.monotonic() < granted + 180:
             time.sleep(1)  # Redis expires them on its own clock; we only look

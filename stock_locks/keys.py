@@ -35,12 +35,12 @@ SLOTS = 16384  # Redis Cluster hash slots
 
 
 class LockKeys(NamedTuple):
-    lock: str  # the holder's record: token, fence, count, metadata (expires with the lease)
-    fence: str  # the fencing counter (expires FENCE_RETENTION after the clock passes it)
-    waiters: str  # flag a refused try sets (same lease as the lock); a release deletes it
+    lock: str  # the holder's record (expires with the lease), then a tombstone (the last
+    # fence, the tokens released lately; expires FENCE_RETENTION after the clock passed it)
+    fence: str  # a fencing counter ahead of the clock (and RedLock's counter)
     signal: str  # wake-up list a release pushes to; waiters BLPOP it
-    released: str  # list: the tokens most recently released or given up, newest first
-    index: str  # type: ignore[assignment]  # zset of held locks (name -> lease end, ms) in its slot
+    index: str  # type: ignore[assignment]  # zset of locks in use (key -> listed until, ms) in its slot
+    given_back: str  # tries given up (a zset: each FENCE_RETENTION, pruned on write)
 
 
 _ESCAPES = {"%": "%25", "{": "%7B", "}": "%7D"}
@@ -92,9 +92,7 @@ def lock_keys(name: str, cluster: bool = False) -> LockKeys:
     client (the held-locks index is then per hash slot)."""
     base = lock_base(name)
     index = lock_index_key(key_slot(base)) if cluster else lock_index_key()
-    return LockKeys(
-        base, f"{base}:fence", f"{base}:waiters", f"{base}:signal", f"{base}:released", index
-    )
+    return LockKeys(base, f"{base}:fence", f"{base}:signal", index, f"{base}:given_back")
 
 
 def lock_name_of(key: str) -> str | None:

@@ -3,9 +3,11 @@ majority of independent masters.
 
 A grant is one Lua script and one round trip: the grant's fence (one more than
 the last, never below the Redis clock in microseconds), then ``SET key record
-NX PX ttl`` where the record is the token followed by the fence, the count and
+PX ttl`` where the record is the token followed by the fence, the count and
 the holder's metadata (host, pid, thread, caller, acquired-at from the Redis
-clock), and an entry in the held-locks index the admin page reads. Release and
+clock) and the name's state carried from holder to holder (the last fence, the
+tokens released lately, until when the admin page's held-locks index lists it).
+A release leaves a tombstone of that state in the key. Release and
 extend compare the token inside Lua, so only the holder can do either. A
 release pushes one element onto the lock's signal list; waiters block on
 ``BLPOP`` of that list instead of polling, and bound each wait by the holder's
@@ -128,7 +130,7 @@ class Lock(LeaseGuard, LockCore):
     the same hold: whichever releases first frees the lock, and a later
     ``release()`` by another of them is recognised as already released (no
     error) while Redis remembers the token (the last ``RELEASED_KEPT``
-    releases of the name, for up to one lease), after that it raises
+    releases of the name, carried in its lock key), after that it raises
     :class:`LockNotOwned`; their ``extend()`` raises :class:`LockNotOwned`.
     The giving side should call ``hand_off()`` (no round trip): it returns the
     token, stops this process's renewals of it, and makes this object's later
@@ -195,7 +197,7 @@ class Lock(LeaseGuard, LockCore):
 
         Safe to repeat: a release that ran but whose reply was lost reports
         success, since the backend remembers the last ``RELEASED_KEPT``
-        released tokens of a lock name (for up to one lease). A lost reply is
+        released tokens of a lock name (in its lock key). A lost reply is
         followed by one repeat bounded by ``GIVE_BACK_TIMEOUT``; when that
         fails too, :class:`~stock_locks.exceptions.BackendUnavailable`
         propagates and this owner still holds the lock (call ``release()``

@@ -39,6 +39,7 @@ from django.urls import reverse
 from playwright.sync_api import Page, Response, expect, sync_playwright
 
 from tests.support import csp
+from tests.support.lock_state import held
 from tests.support.processes import event, start_process
 from tests.support.waiting import TIMEOUT
 
@@ -366,7 +367,7 @@ def check_force_release_audited(redis_client, operator: User, pid: int, fence: s
     from stock_locks.keys import lock_keys
     from stock_locks.models import AuditEntry
 
-    assert redis_client.exists(lock_keys(LOCK).lock) == 0
+    assert held(redis_client, lock_keys(LOCK).lock) == 0
     entry = AuditEntry.objects.get()
     assert entry.user == operator
     assert entry.username == "operator"

@@ -19,10 +19,11 @@ from stock_locks import Lock, limit_concurrency, lock_model, locked
 from stock_locks.exceptions import LockError, LockTimeout, RedisUnavailable, StaleFencingToken
 from stock_locks.fencing import fenced_update
 from tests.inventory.models import Item
+from tests.support.lock_state import held as held_keys
 
 
 def held(name: str, redis_client) -> bool:
-    return bool(redis_client.exists(f"sl:lock:{{{name}}}"))
+    return bool(held_keys(redis_client, f"sl:lock:{{{name}}}"))
 
 
 def test_key_is_formatted_from_bound_arguments_with_attribute_access(redis_client):

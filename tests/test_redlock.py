@@ -33,7 +33,7 @@ def test_a_grant_holds_the_same_token_on_every_master_with_one_agreed_fence(redl
     assert info is not None and info.token == lock.token and info.fence == lock.fence
     assert info.backend == "redlock" and info.host and info.pid
     lock.release()
-    assert _on_every_master(redlock, keys.lock) == [None] * 3
+    assert [token_of(record) for record in _on_every_master(redlock, keys.lock)] == [None] * 3
 
 
 def test_fences_rise_with_every_grant_even_when_the_masters_disagreed(redlock):
@@ -87,8 +87,9 @@ def test_a_minority_grant_is_given_back_on_every_master(redlock):
         server.client().set(keys.lock, "someone-else", px=30_000)
     lock = RedLock("order:3", ttl=30, timeout=0)
     assert lock.acquire() is False
-    # The third master granted our token; it was given back at once.
-    assert redlock[2].client().get(keys.lock) is None
+    # The third master granted our token; it was given back at once (a tombstone that
+    # does not remember the token: its next try may reuse it).
+    assert token_of(redlock[2].client().get(keys.lock)) is None
     assert _on_every_master(redlock[:2], keys.lock) == [b"someone-else"] * 2
 
 
@@ -109,3 +110,23 @@ def test_a_redlock_backend_needs_an_odd_number_of_masters_at_least_three(redlock
                             "LOCATION": location}}  # fmt: skip
         with override_settings(STOCK_LOCKS={"BACKENDS": backends}), pytest.raises(LockError):
             get_backend("bad")
+
+
+def test_a_try_given_up_while_another_held_stays_refused_after_a_grant_from_nothing(redlock):
+    # The counter rule's grant from no key: the tokens given back while the last holder
+    # held the lock (kept apart, :given_back) are carried on into the new key.
+    keys = lock_keys("order:late")
+    holder = RedLock("order:late", ttl=30)
+    assert holder.acquire(timeout=0)
+    holder.do_release("t" * 32, 1, "abandon")
+    for server in redlock:  # the holder's lease runs out everywhere
+        server.client().pexpire(keys.lock, 1)
+    wait_until(
+        lambda: not any(server.client().exists(keys.lock) for server in redlock),
+        what="the lease end",
+    )
+    with RedLock("order:late", ttl=30):
+        pass
+    with pytest.raises(LockError):
+        holder.do_acquire("t" * 32, 0)  # the late copy lands: nothing granted
+    assert [token_of(value) for value in _on_every_master(redlock, keys.lock)] == [None] * 3

@@ -10,7 +10,7 @@ releases it), and ``hand_off()`` lets the giving side stop holding it without
 releasing.
 
 Every call is safe to repeat. The backend remembers the last few released
-tokens of a lock name for up to one lease, so a release repeated after a lost
+tokens of a lock name in its lock key, so a release repeated after a lost
 reply reports success, and an acquire whose caller gave up (an error or an
 interrupt mid-round-trip) is given back by one bounded round trip that also
 makes a late copy of that try be refused when it lands.
@@ -222,6 +222,10 @@ class LockCore(GuardCore):
     def _adopt(self, token: object) -> None:
         if not isinstance(token, str) or not token:
             raise LockError(f"token must be a non-empty str, got {token!r}", name=self.name)
+        if any(c.isspace() for c in token):
+            # The lock key keeps released tokens separated by spaces, and record fields
+            # by newlines: such a token could never be told apart (lua/lib/lock_record.lua).
+            raise LockError(f"a token cannot contain whitespace, got {token!r}", name=self.name)
         if self.reentrant:
             raise LockError(
                 f"lock {self.name!r}: a reentrant lock's owner is a {self._owner_word}, so "

@@ -28,7 +28,7 @@ from ..backends.redis.client import get_redis
 from ..backends.redis.cluster import is_cluster
 from ..backends.redis.errors import translated
 from ..backends.redis.held import held_lock_names
-from ..backends.redis.protocol import parse_record
+from ..backends.redis.protocol import is_held, parse_record
 from ..conf import settings
 from ..core.lock import lock_backend
 from ..core.semaphore import snapshot_of
@@ -75,7 +75,7 @@ def lock_page(search: str = "", page: int = 1, client: Any = None) -> dict[str, 
     replies = pipe.execute()
     rows = []
     for name, record, pttl in zip(shown, replies[::2], replies[1::2], strict=True):
-        if record is None or pttl == -2:
+        if not is_held(record) or pttl == -2:
             continue  # released between the index read and now
         info = parse_record(record)
         rows.append(
@@ -104,7 +104,7 @@ def lock_holder(name: str, client: Any = None) -> dict[str, Any] | None:
     pipe.get(keys.lock)
     pipe.pttl(keys.lock)
     record, pttl = pipe.execute()
-    if record is None:
+    if not is_held(record):
         return None
     info: dict[str, Any] = parse_record(record)
     info["lease_remaining"] = None if pttl < 0 else pttl / 1000

@@ -18,6 +18,7 @@ from stock_locks.keys import lock_keys
 from tests.cluster.conftest import on_cluster
 from tests.contract.modes import Lock
 from tests.contract.support import mode  # noqa: F401  (a fixture: the test in both modes)
+from tests.support.lock_state import held
 from tests.support.redis_cluster import RedisClusterServers
 
 
@@ -47,7 +48,7 @@ def test_a_replica_confirmed_grant_follows_its_slot_to_another_master(
             holder = target.client()
             assert token_of(holder.get(key)) == lock.token
             lock.release()
-            assert not holder.exists(key) and not lock.locked()
+            assert not held(holder, key) and not lock.locked()
             holder.close()
         finally:
             redis_cluster.move_slot(slot, source)

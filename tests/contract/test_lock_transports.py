@@ -40,6 +40,7 @@ from tests.contract.support import (
     mode,  # noqa: F401  (a fixture: each test in both modes)
 )
 from tests.support.fault_proxy import FaultProxy, Interrupted
+from tests.support.lock_state import held
 from tests.support.redis_sentinel import CONNECTION_FACTORY, RedisSentinelServers
 from tests.support.redis_servers import RedisServer
 from tests.support.waiting import wait_until
@@ -66,7 +67,7 @@ def given_back_at_once(proxy: FaultProxy, observer, name: str, backend: str) -> 
         name,
         backend=backend,
         ttl=TTL,
-        sent=lambda: proxy.swallowed == swallowed and observer.exists(key),
+        sent=lambda: proxy.swallowed == swallowed and held(observer, key),
     )
     assert proxy.swallowed == swallowed  # granted, and the caller never heard of it
     return ended
@@ -76,7 +77,7 @@ def assert_free(proxy: FaultProxy, observer, name: str, backend: str) -> None:
     """The lock is free now: its key is gone, another caller gets it without waiting.
     And the connection that carried the unanswered try was dropped, not pooled again
     (its reply, had it come late, would have been read by its next user)."""
-    assert not observer.exists(lock_keys(name).lock), "the granted try was not given back"
+    assert not held(observer, lock_keys(name).lock), "the granted try was not given back"
     wait_until(
         lambda: proxy.swallowing() == 0,
         timeout=DROPPED_WITHIN,

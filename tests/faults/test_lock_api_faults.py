@@ -13,6 +13,7 @@ from stock_locks import Lock, scripts
 from stock_locks.exceptions import LockNotOwned
 from stock_locks.operations import force_release
 from tests.support.fault_proxy import RETRIES
+from tests.support.lock_state import held
 
 
 @RETRIES
@@ -29,6 +30,6 @@ def test_a_force_release_whose_reply_was_lost_still_returns_the_holder(
     displaced = force_release("forced", redis=client)
     assert proxy.lost == 1
     assert displaced is not None and displaced.token == holder.token
-    assert not redis_client.exists(holder.keys.lock)
+    assert not held(redis_client, holder.keys.lock)
     with pytest.raises(LockNotOwned):
         holder.release()  # the repeat did not make the holder's own release look done

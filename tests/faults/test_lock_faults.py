@@ -25,6 +25,7 @@ from stock_locks.exceptions import LockError, LockNotOwned, StaleFencingToken
 from stock_locks.fencing import fenced_update
 from tests.inventory.models import Item
 from tests.support.fault_proxy import RETRIES, Interrupted, client_through, raise_interrupted
+from tests.support.lock_state import held, last_fence
 from tests.support.processes import event, start_process
 from tests.support.redis_stats import commandstats
 from tests.support.waiting import TIMEOUT, wait_until
@@ -81,7 +82,7 @@ def test_reentry_after_the_lease_ended_is_refused_and_its_stale_write_too(redis_
         state, old_fence = report.get(timeout=TIMEOUT)
         assert state == "held"
         redis_client.pexpire("sl:lock:{item:kettle}", 1)  # the lease ends now
-        wait_until(lambda: not redis_client.exists("sl:lock:{item:kettle}"), what="lease end")
+        wait_until(lambda: not held(redis_client, "sl:lock:{item:kettle}"), what="lease end")
         lease_gone.set()
         second = start_process(_newer_holder, report, item.pk)
         state, newer_fence = report.get(timeout=TIMEOUT)
@@ -96,7 +97,7 @@ def test_reentry_after_the_lease_ended_is_refused_and_its_stale_write_too(redis_
         first.join(TIMEOUT)
     item.refresh_from_db()
     assert (item.on_hand, item.fence) == (100, newer_fence)  # the newer write stands
-    assert not redis_client.exists("sl:lock:{item:kettle}")  # nothing resurrected
+    assert not held(redis_client, "sl:lock:{item:kettle}")  # nothing resurrected
 
 
 # -- 2. one reentrant Lock object shared by threads -------------------------------------------
@@ -144,9 +145,9 @@ def test_threads_sharing_a_reentrant_lock_are_separate_owners(redis_client):
     intruder = threading.Thread(target=thread_c)
     intruder.start()
     intruder.join(TIMEOUT)
-    assert redis_client.exists("sl:lock:{item:kettle}")  # A's hold not released by C
+    assert held(redis_client, "sl:lock:{item:kettle}")  # A's hold not released by C
     redis_client.pexpire("sl:lock:{item:kettle}", 1)  # A's lease ends
-    wait_until(lambda: not redis_client.exists("sl:lock:{item:kettle}"), what="lease end")
+    wait_until(lambda: not held(redis_client, "sl:lock:{item:kettle}"), what="lease end")
     a_lease_gone.set()
     for thread in threads:
         thread.join(TIMEOUT)
@@ -156,7 +157,7 @@ def test_threads_sharing_a_reentrant_lock_are_separate_owners(redis_client):
     assert seen["a_write"] == "refused"
     item.refresh_from_db()
     assert (item.on_hand, item.fence) == (100, seen["b_fence"])
-    assert not redis_client.exists("sl:lock:{item:kettle}")
+    assert not held(redis_client, "sl:lock:{item:kettle}")
 
 
 # -- 3. acquire() or release() interrupted mid-round-trip ---------------------------------------
@@ -209,7 +210,7 @@ def test_an_acquire_interrupted_mid_round_trip_leaves_the_lock_free(
         lambda: commandstats(redis_client).get("cmdstat_evalsha") == 2,
         what="the late try and the give-back ran",
     )
-    assert not redis_client.exists("sl:lock:{stalled}", "sl:lock:{stalled}:waiters")
+    assert not held(redis_client, "sl:lock:{stalled}")
     assert Lock("stalled", ttl=10, timeout=0).acquire()
 
 
@@ -256,14 +257,89 @@ def test_a_release_interrupted_mid_round_trip_still_frees_the_lock(
     finally:
         proxy.resume()
     if network == "loses the requests":
-        assert redis_client.exists("sl:lock:{held}")  # still held: nothing arrived
+        assert held(redis_client, "sl:lock:{held}")  # still held: nothing arrived
     # The interrupted call did not forget the hold, so it can be released again
     # (after a late delivery, that repeat reports the release that happened).
     again.set()
     assert report.get(timeout=TIMEOUT) == "released"
     child.join(TIMEOUT)
-    wait_until(lambda: not redis_client.exists("sl:lock:{held}"), what="the lock freed")
+    wait_until(lambda: not held(redis_client, "sl:lock:{held}"), what="the lock freed")
     assert Lock("held", ttl=10, timeout=0).acquire()
+
+
+def test_a_try_given_up_while_another_holds_is_refused_after_that_lease_ran_out(redis_client):
+    # A try is given up (its request still on the way) while another token holds the lock
+    # with little lease left; that lease runs out before the late request lands. The give-
+    # back is kept apart from the holder's record (whose expiry is the holder's lease).
+    holder = Lock("late:held", ttl=30)
+    assert holder.acquire(timeout=0)
+    late = Lock("late:held", ttl=30)
+    late.do_release("t" * 32, 1, "abandon")
+    redis_client.pexpire(holder.keys.lock, 1)  # the holder's lease runs out
+    wait_until(lambda: not redis_client.exists(holder.keys.lock), what="the lease end")
+    with pytest.raises(LockError):
+        late.do_acquire("t" * 32, 0)  # the late copy lands: nothing granted
+    assert not held(redis_client, holder.keys.lock)
+    assert Lock("late:held", ttl=10, timeout=0).acquire()
+
+
+@pytest.mark.parametrize("then", ["a grant and its release", "another give-back"])
+def test_a_try_given_up_while_another_holds_stays_refused_when_the_key_is_made_again(
+    then, redis_client
+):
+    # The holder's lease runs out; then the key is made again from nothing (a grant and
+    # its release, or another try given up on the free lock) before the late copy lands:
+    # the new key must carry on the tokens given back while the holder held it.
+    holder = Lock("late:again", ttl=30)
+    assert holder.acquire(timeout=0)
+    late = Lock("late:again", ttl=30)
+    late.do_release("t" * 32, 1, "abandon")
+    redis_client.pexpire(holder.keys.lock, 1)  # the holder's lease runs out
+    wait_until(lambda: not redis_client.exists(holder.keys.lock), what="the lease end")
+    if then == "a grant and its release":
+        with Lock("late:again", ttl=30):
+            pass
+    else:
+        late.do_release("y" * 32, 1, "abandon")
+    with pytest.raises(LockError):
+        late.do_acquire("t" * 32, 0)  # the late copy lands: nothing granted
+    assert not held(redis_client, holder.keys.lock)
+
+
+@pytest.mark.parametrize("while_", ["another holds", "the lock is free"])
+def test_a_try_given_up_stays_refused_however_many_releases_follow(while_, redis_client):
+    # The lock key keeps the last RELEASED_KEPT released tokens; a given-up try must stay
+    # refused its FENCE_RETENTION however many grants and releases come after it.
+    from stock_locks.backends.redis.protocol import RELEASED_KEPT
+
+    holder = Lock("late:many", ttl=30)
+    if while_ == "another holds":
+        assert holder.acquire(timeout=0)
+        holder.do_release("t" * 32, 1, "abandon")
+        holder.release()
+    else:
+        holder.do_release("t" * 32, 1, "abandon")
+    for _ in range(RELEASED_KEPT + 2):
+        with Lock("late:many", ttl=30):
+            pass
+    with pytest.raises(LockError):
+        holder.do_acquire("t" * 32, 0)  # the late copy lands: nothing granted
+    assert not held(redis_client, holder.keys.lock)
+
+
+def test_a_try_given_up_on_a_tombstone_about_to_expire_is_remembered_a_retention(
+    redis_client,
+):
+    # The lock is free, its tombstone has moments left: the give-back keeps it (and the
+    # given-up token) at least FENCE_RETENTION, so the late copy is refused then too.
+    with Lock("late:free", ttl=30) as lock:
+        pass
+    redis_client.pexpire(lock.keys.lock, 200)
+    lock.do_release("u" * 32, 1, "abandon")
+    assert 55_000 < redis_client.pttl(lock.keys.lock) <= 60_000
+    with pytest.raises(LockError):
+        lock.do_acquire("u" * 32, 0)
+    assert not held(redis_client, lock.keys.lock)
 
 
 # -- 4. a release whose reply was lost ------------------------------------------------------------
@@ -286,7 +362,7 @@ def test_a_release_whose_reply_was_lost_reports_success(
     proxy.lose_reply(b"EVALSHA")
     lock.release()  # it ran, its reply was lost; the repeat learns that it happened
     assert proxy.lost == 1
-    assert not redis_client.exists("sl:lock:{lost}")
+    assert not held(redis_client, "sl:lock:{lost}")
     with pytest.raises(LockError):
         lock.release()  # and the hold is gone on this side too
 
@@ -317,6 +393,28 @@ def _grant_fences(client: redis.Redis, names: list[str]) -> list[int]:
     return fences
 
 
+def test_a_lease_that_runs_out_leaves_its_fence_behind(redis_client):
+    # A holder dies: its lease runs out, no release leaves a tombstone. The fence must
+    # stay behind until the Redis clock has passed it by FENCE_RETENTION, so that a clock
+    # stepped back meanwhile (an NTP step, a failover to a host behind) cannot give the
+    # next holder a lower fence. Both a name's first grant (which writes the floor) and a
+    # later one granted from a tombstone (which does not) are covered.
+    for name in ("lapse:first", "lapse:again"):
+        lock = Lock(name, ttl=30)
+        if name == "lapse:again":
+            with lock:
+                pass
+        assert lock.acquire(timeout=0)
+        redis_client.pexpire(lock.keys.lock, 1)  # the holder is gone; its lease runs out
+        wait_until(lambda: not redis_client.exists(lock.keys.lock), what="the lease end")  # noqa: B023
+        kept = int(redis_client.get(lock.keys.fence))
+        assert kept >= lock.fence
+        most_left_ms = (kept - lock.fence) // 1000 + 60_000  # until the clock passed it, +1 min
+        assert 55_000 < redis_client.pttl(lock.keys.fence) <= most_left_ms
+        with Lock(name, ttl=30) as later:
+            assert later.fence > kept  # above it whatever the clock says
+
+
 @pytest.mark.django_db(transaction=True)
 def test_fences_keep_rising_after_a_restore_from_an_older_snapshot(redis_factory):
     server = redis_factory()
@@ -327,7 +425,7 @@ def test_fences_keep_rising_after_a_restore_from_an_older_snapshot(redis_factory
     item = _item()
     fenced_update(_rows(item.pk), after_backup[-3], on_hand=50)  # newest "item:kettle"
     server.restart(snapshot=snapshot)
-    assert server.client().exists("sl:lock:{item:kettle}:fence")  # restored, older
+    assert last_fence(server.client(), "sl:lock:{item:kettle}")  # its tombstone, older
     restored = _grant_fences(server.client(), names)
     assert min(restored) > max(before + after_backup)
     # A write under a fresh grant is accepted; one with a fence from before the

@@ -13,7 +13,7 @@ import time
 import pytest
 from django.test import override_settings
 
-from stock_locks import RedLock
+from stock_locks import Lock, RedLock
 from stock_locks.backends.redis.protocol import token_of
 from stock_locks.exceptions import RedisUnavailable, StaleFencingToken
 from stock_locks.fencing import fenced_update
@@ -26,11 +26,9 @@ from tests.support.waiting import wait_until
 
 def _held_on(servers, name: str) -> list:
     key = lock_keys(name).lock
-    # (the token of each master's record of the holder)
-    return [
-        None if (record := server.client().get(key)) is None else token_of(record).encode()
-        for server in servers
-    ]
+    # (the token of each master's record of the holder; None: free, or a tombstone)
+    tokens = [token_of(server.client().get(key)) for server in servers]
+    return [None if token is None else token.encode() for token in tokens]
 
 
 def test_one_master_of_three_killed_still_grants_and_fences_rise(redlock):
@@ -188,3 +186,21 @@ def test_watchdog_renewals_on_masters_that_lost_their_scripts(redlock):
     for lock in locks:
         assert 30 < lock.remaining() <= 60
         lock.release()
+
+
+def test_a_release_repeated_after_a_retracted_minority_grant_still_succeeds(redlock):
+    # A releases everywhere, its reply lost: it will repeat the release. Meanwhile master 1
+    # is taken by a single-master lock (its record carries A's released token on), master 2
+    # by something else, and a rival's try wins master 0 alone, so it is retracted there.
+    # The retraction must not drop the released tokens master 0 kept: A's repeat then
+    # still finds its release done on a majority (masters 0 and 1).
+    first = RedLock("order:16", ttl=30)
+    assert first.acquire()
+    token = first.token
+    first.release()
+    assert Lock("order:16", ttl=30, redis=redlock[1].client()).acquire(timeout=0)
+    redlock[2].client().set(lock_keys("order:16").lock, "someone-else", px=30_000)
+    rival = RedLock("order:16", ttl=30, timeout=0)
+    assert rival.acquire() is False
+    assert _held_on(redlock, "order:16")[0] is None  # retracted on master 0
+    assert first.do_release(token, 1) == 1  # RELEASED: the repeat reports the release

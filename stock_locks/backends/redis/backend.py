@@ -14,6 +14,7 @@ slot, and batches (watchdog renewals) run per node.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -51,6 +52,7 @@ from .protocol import (
     AcquireReply,
     RedisLockSpec,
     acquire_argv,
+    extend_argv,
     extend_keys,
     force_argv,
     gone_key,
@@ -69,6 +71,18 @@ from .requests import Blocking, Command, Pop, Requests, confirmed_script, script
 from .transport import RedisTransport
 
 T = TypeVar("T")
+
+# Grants whose state (lock_acquire.lua's fourth reply element) is kept for their
+# release, at most: a hold never released here (a lapsed lease, a hand-off) leaves
+# its entry, so past this many they are all dropped (those releases then read the
+# record first, as without it).
+GRANT_STATES_KEPT = 10_000
+
+
+release_log = logging.getLogger("stock_locks.lock.release")  # (core/lock.py's)
+# lock_release.lua's replies 3 and 4: NOT_OWNED and RELEASED, and it put back a value
+# it did not write without an expiry (an operator may have to force_release it).
+_PUT_BACK_UNEXPIRING = frozenset((3, 4))
 
 
 class RedisBackend(Backend):
@@ -105,6 +119,9 @@ class RedisBackend(Backend):
         self._transport: RedisTransport | None = None
         self._owns_client = False
         self.async_client = async_client  # an explicit redis.asyncio client (redis=)
+        # (lock key, token) -> the grant's state, for its release (lock_release.lua's
+        # ARGV[7]: one SET ... GET instead of GET then SET)
+        self._grant_states: dict[tuple[str, str], Any] = {}
 
     @property
     def client(self) -> Any:
@@ -203,6 +220,13 @@ class RedisBackend(Backend):
                 scripts.LOCK_ACQUIRE, spec.acquire_keys, argv, spec.acquire_head
             )
         if reply[0] == AcquireReply.GRANTED:
+            states = self._grant_states
+            if len(reply) > 3:
+                if len(states) >= GRANT_STATES_KEPT:
+                    states.clear()
+                states[spec.keys.lock, token] = reply[3]
+            else:
+                states.pop((spec.keys.lock, token), None)
             return Attempt(True, fence=reply[1], count=reply[2])
         return lock_attempt(spec.name, reply)
 
@@ -229,14 +253,23 @@ class RedisBackend(Backend):
         self, spec: LockSpec, token: str, count: int, mode: ReleaseMode
     ) -> Operation[ReleaseOutcome]:
         assert isinstance(spec, RedisLockSpec)
-        argv = release_argv(token, count, spec.ttl_ms, mode)
+        state = self._grant_states.pop((spec.keys.lock, token), "") if count == 1 else ""
+        argv = (*release_argv(token, count, mode), state)
         reply = yield from script(scripts.LOCK_RELEASE, spec.release_keys, argv, spec.release_head)
+        if reply in _PUT_BACK_UNEXPIRING:  # (lock_release.lua: 3 for 0, 4 for 1)
+            release_log.warning(
+                "lock %r: its release found a value it did not write (another program's, "
+                "an older version's record) and put it back without an expiry; if the lock "
+                "stays held, free it with force_release",
+                spec.name,
+            )
+            reply -= 3
         return ReleaseOutcome.of(reply)
 
     def lock_extend(
         self, spec: LockSpec, token: str, ttl_ms: int, max_hold_ms: int
     ) -> Operation[ExtendOutcome]:
-        argv = (token, ttl_ms, max_hold_ms)
+        argv = extend_argv(token, ttl_ms, max_hold_ms)
         return ExtendOutcome.of(
             (yield from script(scripts.LOCK_EXTEND, extend_keys(spec.keys), argv))
         )
@@ -280,7 +313,11 @@ class RedisBackend(Backend):
         self, renewals: Sequence[Renewal]
     ) -> Operation[list[ExtendOutcome | BaseException]]:
         calls = [
-            (scripts.LOCK_EXTEND, extend_keys(r.spec.keys), (r.token, r.ttl_ms, r.max_hold_ms))
+            (
+                scripts.LOCK_EXTEND,
+                extend_keys(r.spec.keys),
+                extend_argv(r.token, r.ttl_ms, r.max_hold_ms),
+            )
             for r in renewals
         ]
         replies = yield from scripts_batch(calls)

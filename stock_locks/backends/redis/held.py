@@ -1,9 +1,13 @@
 """The held-locks index: which locks are held now, read without walking the keyspace.
 
-The lock scripts keep a sorted set of held lock keys scored by lease end (ms,
-Redis clock): one key on a single server, one per hash slot on a cluster
-(``stock_locks.keys.lock_index_key``). Reading it costs what the held locks
-are, not what the keyspace is.
+The lock scripts keep a sorted set of the lock keys in use, scored by until when
+each is listed (ms, Redis clock; at least the lease end): one key on a single
+server, one per hash slot on a cluster (``stock_locks.keys.lock_index_key``). A
+grant adds its name only when the entry would end before its lease (for two
+leases), and a release leaves it, so a name taken and given back over and over
+writes the index about once a lease. The listing reads the entries not yet
+ended, then the lock keys they name, and keeps those held (not a tombstone).
+Reading it costs what the names in use lately are, not what the keyspace is.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from redis.exceptions import RedisError
 from ...conf import settings
 from ...keys import SLOTS, lock_index_key, lock_name_of
 from .cluster import is_cluster, refresh_slot_map
-from .protocol import decoded
+from .protocol import decoded, is_held
 
 CLUSTER_INDEX_CHUNK = 1024  # per-slot index keys read by one script call on a cluster
 
@@ -36,8 +40,9 @@ return out
 def held_lock_names(client: Any) -> list[str]:
     """Names of the locks held now (lease not ended on the Redis clock), sorted.
 
-    One round trip on a single server (the index and TIME, pipelined); on a
-    cluster one script per node over the per-slot indexes it serves.
+    Two round trips on a single server (the index and TIME, pipelined; then the
+    records of the names it lists); on a cluster one script per node over the
+    per-slot indexes it serves, then the records.
     """
     if is_cluster(client):
         seconds, micros = client.time()
@@ -48,7 +53,13 @@ def held_lock_names(client: Any) -> list[str]:
         pipe.zrange(lock_index_key(), 0, -1, withscores=True)
         (seconds, micros), pairs = pipe.execute()
     now_ms = int(seconds) * 1000 + int(micros) // 1000
-    names = {lock_name_of(decoded(key)) for key, lease_end in pairs if float(lease_end) > now_ms}
+    keys = sorted({decoded(key) for key, until in pairs if float(until) > now_ms})
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.get(key)
+    records = pipe.execute() if keys else []
+    held = [key for key, record in zip(keys, records, strict=True) if is_held(record)]
+    names = {lock_name_of(key) for key in held}
     return sorted(name for name in names if name is not None)
 
 

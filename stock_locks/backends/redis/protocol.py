@@ -23,8 +23,9 @@ from ...keys import LockKeys, SemaphoreKeys
 from ...scripts import LOCK_ACQUIRE, LOCK_RELEASE
 from ..base import Attempt, LockSpec, ReleaseMode, _Codes
 
-# How many released tokens a lock name remembers, so that a repeated release
-# (its first reply lost) still finds its own after this many more releases.
+# How many released tokens a lock name remembers (in its lock key: the tombstone a
+# release leaves, then the next holder's record), so that a repeated release (its
+# first reply lost) still finds its own after this many more releases.
 RELEASED_KEPT = 8
 
 
@@ -32,7 +33,7 @@ class AcquireReply(_Codes):
     """``lock_acquire.lua``'s first reply element."""
 
     REFUSED = 0  # {0, holder's pttl}
-    GRANTED = 1  # {1, fence, count}
+    GRANTED = 1  # {1, fence, count, state for the release (left out when ahead of the clock)}
     REENTRY_LOST = 2  # a re-entry whose token no longer holds the lock
     GIVEN_BACK = 3  # a token already given back: a late copy of an abandoned try
 
@@ -60,11 +61,16 @@ def score_pairs(reply: Sequence[Any]) -> list[tuple[Any, float]]:
 
 # -- the holder's record ------------------------------------------------------------------
 
-# The holder's record (the lock key's value, lock_acquire.lua) is one string of
-# fields separated by newlines: token, fence, count, ttl ms, acquired_at ms (Redis
-# clock), thread, host, pid, watchdog ("1"/"0"), caller.
+# The holder's record (the lock key's value, lua/lib/lock_record.lua) is one string
+# of fields separated by newlines: token, fence, count, ttl ms, acquired_at ms (Redis
+# clock), thread, host, pid, watchdog ("1"/"0"), caller, then the name's state carried
+# from grant to grant: the last fence, whether a refused try waits, until when the
+# held-locks index lists it, the lease end (ms, Redis clock), and the tokens released
+# lately. After a release the key holds a tombstone (an empty token, then the last
+# fence, the index's end and the released tokens): the lock is free.
 RECORD_FIELDS = (
     "token", "fence", "count", "ttl", "acquired_at", "thread", "host", "pid", "watchdog", "caller",
+    "last", "waiting", "indexed", "until", "released",
 )  # fmt: skip
 
 
@@ -98,39 +104,50 @@ def acquire_argv(token: str, ttl_ms: int, count: int, holder: str, waited: bool)
 
 
 def release_argv(
-    token: str, count: int, ttl_ms: int, mode: ReleaseMode = ReleaseMode.RELEASE
+    token: str, count: int, mode: ReleaseMode = ReleaseMode.RELEASE
 ) -> tuple[Any, ...]:
-    """ARGV of ``lock_release.lua``: the list of released tokens lives ``ttl_ms`` (the
-    lock's lease) from its creation."""
+    """ARGV of ``lock_release.lua``: the tombstone it leaves (the last fence and the
+    released tokens) lives ``FENCE_RETENTION`` after the Redis clock passed the fence."""
     wake_ms = int(settings.WAKE_SIGNAL_TTL * 1000)
-    return (token, count, wake_ms, ttl_ms, RELEASED_KEPT, mode.value)
+    return (token, count, wake_ms, fence_retention_ms(), RELEASED_KEPT, mode.value)
+
+
+def extend_argv(token: str, ttl_ms: int, max_hold_ms: int, rule: str = "clock") -> tuple[Any, ...]:
+    """ARGV of ``lock_extend.lua``; ``rule`` is the fence rule, ``"counter"`` for RedLock."""
+    return (token, ttl_ms, max_hold_ms, rule, fence_retention_ms())
 
 
 def acquire_keys(keys: LockKeys) -> tuple[str, ...]:
-    return (keys.lock, keys.fence, keys.waiters, keys.index, keys.released)
+    return (keys.lock, keys.fence, keys.index, keys.given_back)
 
 
 def release_keys(keys: LockKeys) -> tuple[str, ...]:
-    return (keys.lock, keys.waiters, keys.signal, keys.released, keys.index)
+    return (keys.lock, keys.signal, keys.fence, keys.given_back)
 
 
 def extend_keys(keys: LockKeys) -> tuple[str, ...]:
-    return (keys.lock, keys.waiters, keys.index)
+    return (keys.lock, keys.index, keys.fence)
 
 
 def token_of(record: Any) -> str | None:
-    """The token of a holder's record (the lock key's value; None: free)."""
+    """The token of a holder's record (the lock key's value; None: free, also for the
+    tombstone a release leaves, whose token is empty)."""
     if record is None:
         return None
     text: str = decoded(record)
-    return text.split("\n", 1)[0]
+    return text.split("\n", 1)[0] or None
 
 
 def parse_record(record: Any) -> dict[str, str]:
     """The fields of a holder's record (a bare token, e.g. written by another
-    client, has the token only)."""
+    client, has the token only). A tombstone (free) reads as an empty token."""
     values = decoded(record).split("\n", len(RECORD_FIELDS) - 1)
     return dict(zip(RECORD_FIELDS, values, strict=False))
+
+
+def is_held(record: Any) -> bool:
+    """Whether a lock key's value is a holder's record (not None, not a tombstone)."""
+    return token_of(record) is not None
 
 
 def lock_attempt(name: str, reply: Sequence[Any]) -> Attempt:
@@ -189,9 +206,8 @@ def lock_info(name: str, reply: Sequence[Any], backend: str = "default") -> Lock
 
 
 def force_argv(info: LockInfo) -> tuple[Any, ...]:
-    """ARGV of an operator's release of ``info``'s hold (remembered for its lease)."""
-    lifetime_ms = max(1, int((info.ttl or settings.LOCK_TTL) * 1000))
-    return release_argv(info.token, 1, lifetime_ms, ReleaseMode.FORCE)
+    """ARGV of an operator's release of ``info``'s hold."""
+    return release_argv(info.token, 1, ReleaseMode.FORCE)
 
 
 # -- semaphores ----------------------------------------------------------------------------
@@ -248,12 +264,21 @@ class CommandHead:
         self.data = b"".join(bulk(item) for item in fixed)
 
     def pack(self, encode: Any, argv: Sequence[Any]) -> bytes:
-        """The whole command: this head, then ``argv`` encoded by ``encode``."""
-        return (
-            b"*%d\r\n" % (self.count + len(argv))
-            + self.data
-            + b"".join(bulk(encode(a)) for a in argv)
-        )
+        """The whole command: this head, then ``argv`` encoded by ``encode`` (bytes, str
+        and int, what the lock scripts take, encoded here as ``encode`` would, UTF-8)."""
+        parts = [b"*%d\r\n" % (self.count + len(argv)), self.data]
+        for arg in argv:
+            kind = type(arg)
+            if kind is str:
+                data = arg.encode()
+            elif kind is int:
+                data = b"%d" % arg
+            elif kind is bytes:
+                data = arg
+            else:
+                data = encode(arg)
+            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        return b"".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

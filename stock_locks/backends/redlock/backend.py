@@ -90,6 +90,7 @@ from ..redis.protocol import (
     AcquireReply,
     acquire_argv,
     acquire_keys,
+    extend_argv,
     extend_keys,
     fence_retention_ms,
     force_argv,
@@ -286,7 +287,7 @@ class RedLockBackend(Backend):
     def lock_release(
         self, spec: LockSpec, token: str, count: int, mode: ReleaseMode
     ) -> Operation[ReleaseOutcome]:
-        argv = release_argv(token, count, spec.ttl_ms, mode)
+        argv = release_argv(token, count, mode)
         replies = yield from self._all(evalsha(scripts.LOCK_RELEASE, release_keys(spec.keys), argv))
         return self._release_outcome(f"release of {spec.name!r}", replies)
 
@@ -300,7 +301,11 @@ class RedLockBackend(Backend):
         self, spec: LockSpec, token: str, ttl_ms: int, max_hold_ms: int
     ) -> Operation[ExtendOutcome]:
         started = time.monotonic()
-        command = evalsha(scripts.LOCK_EXTEND, extend_keys(spec.keys), (token, ttl_ms, max_hold_ms))
+        command = evalsha(
+            scripts.LOCK_EXTEND,
+            extend_keys(spec.keys),
+            extend_argv(token, ttl_ms, max_hold_ms, "counter"),
+        )
         replies = yield from self._all(command)
         return self._extend_outcome(f"extend of {spec.name!r}", replies, ttl_ms, started)
 
@@ -321,7 +326,9 @@ class RedLockBackend(Backend):
         started = time.monotonic()
         commands = [
             evalsha(
-                scripts.LOCK_EXTEND, extend_keys(r.spec.keys), (r.token, r.ttl_ms, r.max_hold_ms)
+                scripts.LOCK_EXTEND,
+                extend_keys(r.spec.keys),
+                extend_argv(r.token, r.ttl_ms, r.max_hold_ms, "counter"),
             )
             for r in renewals
         ]

@@ -25,6 +25,7 @@ from stock_locks import scripts
 from stock_locks.keys import StockKeys
 from stock_locks.models import Reservation
 from tests.support.fault_proxy import FaultProxy
+from tests.support.lock_state import held
 
 ORDERS = "/api/orders/"
 
@@ -89,7 +90,7 @@ def test_pay_whose_reply_is_lost_answers_200_and_pays_once(
     assert stock() == 8  # sold once, not twice, nothing given back
     if script is scripts.LOCK_RELEASE:  # the repeated release knew it had worked: no warning
         assert [r.getMessage() for r in caplog.records if r.name.endswith(".release")] == []
-    assert not redis_client.exists(f"sl:lock:{{order:{placed['order']}}}")
+    assert not held(redis_client, f"sl:lock:{{order:{placed['order']}}}")
 
 
 @pytest.mark.django_db
