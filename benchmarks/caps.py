@@ -6,7 +6,9 @@ each making its share of single-unit reserve attempts, every attempt for one of
 are spread over the sale, not fired at once), as fast as they can. Each strategy sells it
 twice per round, caps off and caps on (at most ``--cap`` units per customer,
 counted in the same step as the stock), in interleaved rounds that alternate
-which goes first; the figure is the median of the rounds' attempts per second.
+which goes first; the figure is the median of the rounds' attempts per second, and
+the on/off ratio the median of the same-round ratios (the machine's drift cancels
+within a round; each round's ratio is printed beside it).
 Both runs name the customer, so the difference is the counting. Beside it, how
 long the units took to sell out (the median of the rounds, until the last buyer
 process was first refused): the part of the sale where a cap is counted. Every run is
@@ -23,7 +25,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from . import support
+from . import lock_loops, support
 from .stock import database_url, redacted, vacuum
 
 SKU = "BENCHCAP"
@@ -163,9 +165,11 @@ def main(argv: list[str]) -> str:
                     )
         rows, ratios, problems = [], {}, []
         for name in args.strategies:
-            off = support.median([run["rate"] for run in runs[(name, False)]])
-            on = support.median([run["rate"] for run in runs[(name, True)]])
-            ratios[name] = on / off if off else float("nan")
+            off_rates = [run["rate"] for run in runs[(name, False)]]
+            on_rates = [run["rate"] for run in runs[(name, True)]]
+            off, on = support.median(off_rates), support.median(on_rates)
+            paired = lock_loops.paired(on_rates, off_rates)
+            ratios[name] = support.median(paired) if paired else float("nan")
             sale_off = support.median([run["sale"] for run in runs[(name, False)]])
             sale_on = support.median([run["sale"] for run in runs[(name, True)]])
             capped_runs = runs[(name, True)]
@@ -177,7 +181,8 @@ def main(argv: list[str]) -> str:
                 problems.append(f"{name}: a customer holds {most} > cap {args.cap}")
             rows.append([
                 name, ATTEMPTS[name] * args.processes, f"{off:,.0f}", f"{on:,.0f}",
-                f"{ratios[name]:.3f}x", f"{sale_off * 1000:,.0f}", f"{sale_on * 1000:,.0f}",
+                f"{ratios[name]:.3f}x", " ".join(f"{p:.2f}" for p in paired),
+                f"{sale_off * 1000:,.0f}", f"{sale_on * 1000:,.0f}",
                 capped_runs[-1]["capped"], most,
                 sum(run["oversold"] for run in runs[(name, False)] + capped_runs),
             ])  # fmt: skip
@@ -190,7 +195,8 @@ def main(argv: list[str]) -> str:
                     "attempts",
                     "caps off /s",
                     "caps on /s",
-                    "on/off",
+                    "on/off*",
+                    "rounds",
                     "sold out off ms",
                     "sold out on ms",
                     "capped (last)",
@@ -199,6 +205,9 @@ def main(argv: list[str]) -> str:
                 ],
                 rows,
             ),  # fmt: skip
+            "",
+            "* median of the same-round ratios (caps on / caps off attempts/s), each round's "
+            "under rounds.",
             "",
         ]
         lua = ratios.get("lua", float("nan"))
