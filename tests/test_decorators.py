@@ -245,8 +245,10 @@ def test_class_based_views_every_usual_way(client, redis_client, view, method, u
 
 
 def steal(name: str, redis_client) -> None:
-    """Ownership lost mid-body, staged by overwriting the token (as after a lease ran out)."""
-    redis_client.set(f"sl:lock:{{{name}}}", "someone-else")
+    """Ownership lost mid-body, staged as it happens: the lease runs out (the lock key
+    goes) and another holder takes the lock."""
+    redis_client.delete(f"sl:lock:{{{name}}}")
+    assert Lock(name, ttl=30).acquire(timeout=0)
 
 
 @pytest.fixture

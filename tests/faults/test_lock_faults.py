@@ -267,16 +267,23 @@ def test_a_release_interrupted_mid_round_trip_still_frees_the_lock(
     assert Lock("held", ttl=10, timeout=0).acquire()
 
 
+def _given_up_beside_a_holder_whose_lease_runs_out(redis_client, name: str) -> tuple[Lock, Lock]:
+    """(holder, late): the holder took ``name``; ``late``'s try of token "t"*32 was given
+    up while it held; then the holder's lease ran out (the lock key is gone)."""
+    holder = Lock(name, ttl=30)
+    assert holder.acquire(timeout=0)
+    late = Lock(name, ttl=30)
+    late.do_release("t" * 32, 1, "abandon")
+    redis_client.pexpire(holder.keys.lock, 1)  # the holder's lease runs out
+    wait_until(lambda: not redis_client.exists(holder.keys.lock), what="the lease end")
+    return holder, late
+
+
 def test_a_try_given_up_while_another_holds_is_refused_after_that_lease_ran_out(redis_client):
     # A try is given up (its request still on the way) while another token holds the lock
     # with little lease left; that lease runs out before the late request lands. The give-
     # back is kept apart from the holder's record (whose expiry is the holder's lease).
-    holder = Lock("late:held", ttl=30)
-    assert holder.acquire(timeout=0)
-    late = Lock("late:held", ttl=30)
-    late.do_release("t" * 32, 1, "abandon")
-    redis_client.pexpire(holder.keys.lock, 1)  # the holder's lease runs out
-    wait_until(lambda: not redis_client.exists(holder.keys.lock), what="the lease end")
+    holder, late = _given_up_beside_a_holder_whose_lease_runs_out(redis_client, "late:held")
     with pytest.raises(LockError):
         late.do_acquire("t" * 32, 0)  # the late copy lands: nothing granted
     assert not held(redis_client, holder.keys.lock)
@@ -290,12 +297,7 @@ def test_a_try_given_up_while_another_holds_stays_refused_when_the_key_is_made_a
     # The holder's lease runs out; then the key is made again from nothing (a grant and
     # its release, or another try given up on the free lock) before the late copy lands:
     # the new key must carry on the tokens given back while the holder held it.
-    holder = Lock("late:again", ttl=30)
-    assert holder.acquire(timeout=0)
-    late = Lock("late:again", ttl=30)
-    late.do_release("t" * 32, 1, "abandon")
-    redis_client.pexpire(holder.keys.lock, 1)  # the holder's lease runs out
-    wait_until(lambda: not redis_client.exists(holder.keys.lock), what="the lease end")
+    holder, late = _given_up_beside_a_holder_whose_lease_runs_out(redis_client, "late:again")
     if then == "a grant and its release":
         with Lock("late:again", ttl=30):
             pass
