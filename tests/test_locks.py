@@ -17,7 +17,7 @@ from stock_locks.backends.redis.protocol import parse_record, token_of
 from stock_locks.exceptions import LockError, LockNotOwned, LockNotReplicated, LockTimeout
 from stock_locks.operations import force_release
 from stock_locks.watchdog import Watchdog
-from tests.support.lock_state import held, last_fence, tombstone
+from tests.support.lock_state import held, last_fence, lease_runs_out, tombstone
 from tests.support.processes import event, run_in_processes, start_process
 from tests.support.redis_stats import (
     CountingConnection,
@@ -754,11 +754,6 @@ def test_a_late_copy_of_a_given_up_acquire_is_refused(redis_client):
     assert not held(redis_client, lock.keys.lock)
 
 
-def _lease_runs_out(redis_client, lock: Lock) -> None:
-    redis_client.pexpire(lock.keys.lock, 1)  # the holder's lease runs out, unreleased
-    wait_until(lambda: not redis_client.exists(lock.keys.lock), what="the lease end")
-
-
 def test_a_granted_try_given_up_stays_refused_after_a_later_lease_ran_out(redis_client):
     # The try was granted but its reply was lost, and its caller gave up: the give-back
     # finds the token's own record. A later holder's lease then runs out without a
@@ -770,7 +765,7 @@ def test_a_granted_try_given_up_stays_refused_after_a_later_lease_ran_out(redis_
     assert not held(redis_client, lock.keys.lock)
     other = Lock("late:own", ttl=30)
     assert other.acquire(timeout=0)
-    _lease_runs_out(redis_client, other)
+    lease_runs_out(redis_client, other.keys.lock)
     with pytest.raises(LockError):
         lock.do_acquire("t" * 32, 0)  # the late copy lands: nothing granted
     assert not held(redis_client, lock.keys.lock)
@@ -791,7 +786,7 @@ def test_every_try_given_up_within_the_retention_stays_refused(while_, redis_cli
     for token in tokens:
         holder.do_release(token[:32], 1, "abandon")
     if while_ == "another holds":
-        _lease_runs_out(redis_client, holder)
+        lease_runs_out(redis_client, holder.keys.lock)
     else:
         for token in (tokens[0], tokens[-1]):
             with pytest.raises(LockError):

@@ -25,7 +25,7 @@ from stock_locks.exceptions import LockError, LockNotOwned, StaleFencingToken
 from stock_locks.fencing import fenced_update
 from tests.inventory.models import Item
 from tests.support.fault_proxy import RETRIES, Interrupted, client_through, raise_interrupted
-from tests.support.lock_state import held, last_fence
+from tests.support.lock_state import held, last_fence, lease_runs_out
 from tests.support.processes import event, start_process
 from tests.support.redis_stats import commandstats
 from tests.support.waiting import TIMEOUT, wait_until
@@ -274,8 +274,7 @@ def _given_up_beside_a_holder_whose_lease_runs_out(redis_client, name: str) -> t
     assert holder.acquire(timeout=0)
     late = Lock(name, ttl=30)
     late.do_release("t" * 32, 1, "abandon")
-    redis_client.pexpire(holder.keys.lock, 1)  # the holder's lease runs out
-    wait_until(lambda: not redis_client.exists(holder.keys.lock), what="the lease end")
+    lease_runs_out(redis_client, holder.keys.lock)
     return holder, late
 
 

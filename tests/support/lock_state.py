@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .waiting import wait_until
+
 
 def held(client: Any, *keys: str) -> int:
     """How many of the lock keys ``keys`` hold a holder's record (like ``EXISTS``, but a
@@ -32,3 +34,10 @@ def tombstone(last: int, released: tuple[str, ...] = ()) -> str:
     """A tombstone value (the lock free) carrying ``last`` and the ``released`` tokens
     (each kept by its first 16 characters, as the scripts keep them)."""
     return f"\n{last}\n0\n{' '.join(token[:16] for token in released)}"
+
+
+def lease_runs_out(client: Any, key: str) -> None:
+    """The lock at ``key`` lapses now, unreleased (as its holder's lease ending): returns
+    once the key is gone."""
+    client.pexpire(key, 1)
+    wait_until(lambda: not client.exists(key), what="the lease end")
