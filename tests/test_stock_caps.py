@@ -355,6 +355,70 @@ def test_a_database_without_the_caps_function_still_holds_the_cap(caplog):
     assert "no stock_locks_caps_over()" in caplog.text
 
 
+def test_the_caps_function_counts_the_groups_skus_in_the_window_and_skips_released_rows():
+    """stock_locks_caps_over() with the arguments a capped write builds: the units of
+    every SKU of the group the customer holds in the window, nothing else."""
+    from django.db import connection
+
+    from stock_locks.stock.caps import CAPS_OVER
+    from stock_locks.stock.table import _cap_limits
+
+    items(CAP_RED=10, CAP_BLUE=10, CAP_TEA=10)
+    mugs = {"mugs": {"skus": ["CAP-RED", "CAP-BLUE"], "max": 3}}
+    with caps(mugs):
+        table = StockTable()
+        for ref, lines in [("f-0", {"CAP-RED": 3}), ("f-1", {"CAP-RED": 1}),
+                           ("f-2", {"CAP-BLUE": 1}), ("f-3", {"CAP-TEA": 5})]:  # fmt: skip
+            if ref == "f-1":
+                Reservation.objects.filter(order_ref="f-0").update(status="released")
+            table.take_and_record(ref, lines, "lua", buyer=buyer_of("fay", lines))
+
+        def over(units: int) -> bool:
+            lines = {"CAP-BLUE": units}
+            order = Order("f-new", lines, "lua", None, "fay")
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"SELECT {CAPS_OVER}(%s::bigint[], %s::jsonb)",
+                    _cap_limits([order], {"f-new": buyer_of("fay", lines).caps}),
+                )
+                return cursor.fetchone()[0]
+
+        assert [over(1), over(2)] == [False, True]  # holds 2 of the group (tea, released: 0)
+        Reservation.objects.filter(order_ref="f-2").update(
+            created_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+        )
+    with caps({"mugs": {**mugs["mugs"], "period": 3600}}):
+        assert [over(2), over(3)] == [False, True]  # f-2 fell out of the hour
+
+
+def test_warm_up_prepares_the_capped_write_without_locking_or_writing_anything():
+    """A strategy's warm_up() calls the caps function once on its connection (so the
+    first capped write does not compile it); with the function missing it is quiet."""
+    from django.db import connection
+
+    from stock_locks.stock import table as stock_table
+
+    with caps(KETTLES):
+        get_strategy("db_conditional").warm_up()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks "
+                "WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+            )
+            assert cursor.fetchone()[0] == 0
+            assert not connection.in_atomic_block
+            cursor.execute("ALTER FUNCTION stock_locks_caps_over(bigint[], jsonb) RENAME TO hidden")
+        try:
+            get_strategy("db_conditional").warm_up()
+            assert not stock_table._WITHOUT_CAPS_FUNCTION
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "ALTER FUNCTION hidden(bigint[], jsonb) RENAME TO stock_locks_caps_over"
+                )
+    assert not Reservation.objects.exists()
+
+
 def many_customers_buy(index: int, name: str, customers: range, defined: dict) -> Counter:
     """Runs in a child: each customer of its share tries three single-unit orders."""
     outcome: Counter = Counter()

@@ -24,7 +24,7 @@ from ..exceptions import CapExceeded, OutOfStock, RedisUnavailable, StaleFencing
 from ..keys import StockKeys
 from ..models import Reservation
 from . import expiry
-from .caps import NOBODY, Buyer, buyer_of
+from .caps import NOBODY, Buyer, buyer_of, cap_book
 from .cart import Cart, check_order_ref, check_ttl, normalize_cart
 from .clock import server_clock_ms
 from .ledger import (
@@ -37,7 +37,7 @@ from .ledger import (
 )
 from .registry import get_strategy
 from .soldout import units_back
-from .table import StockTable
+from .table import StockTable, prepare_capped_writes
 
 log = logging.getLogger("stock_locks.stock")
 
@@ -116,9 +116,12 @@ class StockStrategy(ABC):
         """Open what this strategy uses in this process now (its database connection,
         its metrics; Redis and listeners for the strategies that use them), so that the
         first reserve does not pay for it: e.g. in a worker just forked, before its
-        first request. Optional; raises what opening them raises."""
+        first request; with purchase caps configured, the capped write's database
+        function too. Optional; raises what opening them raises."""
         metrics.prepare()
         connections[router.db_for_write(Reservation)].ensure_connection()
+        if cap_book().caps:
+            prepare_capped_writes()
         if self.uses_redis:
             get_redis().ping()
 

@@ -366,6 +366,22 @@ _WITHOUT_CAPS_FUNCTION: set[str] = set()
 UNDEFINED_FUNCTION = "42883"  # PostgreSQL's SQLSTATE
 
 
+def prepare_capped_writes() -> None:
+    """On PostgreSQL with :data:`~stock_locks.stock.caps.CAPS_OVER` installed: call it
+    once on this process's connection with nothing to lock or count, so that its first
+    capped write does not compile and plan it (a few ms on a new connection; PL/pgSQL
+    keeps both per connection). Nothing is locked or written; nothing happens
+    elsewhere. Raises the database's errors."""
+    db = router.db_for_write(Reservation)
+    connection = connections[db]
+    if connection.vendor != "postgresql" or db in _WITHOUT_CAPS_FUNCTION:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regprocedure(%s) IS NOT NULL", [f"{CAPS_OVER}(bigint[],jsonb)"])
+        if cursor.fetchone()[0]:
+            cursor.execute(f"SELECT {CAPS_OVER}('{{}}'::bigint[], '[]'::jsonb)")
+
+
 def _sqlstate(exc: Exception) -> str | None:
     """The SQLSTATE of the driver's error behind Django's ``exc`` (psycopg 3 or 2)."""
     cause = exc.__cause__
