@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from django.apps import apps
@@ -67,6 +69,11 @@ class Cap:
     max: int
     period: int | None = None  # seconds: a rolling window
     since: dt.datetime | None = None  # the window starts no earlier
+
+    @cached_property
+    def skus_json(self) -> str:
+        """Its SKUs, sorted, as a JSON array."""
+        return json.dumps(sorted(self.skus))
 
     def units(self, lines: Mapping[str, int]) -> int:
         """Units of ``lines`` under this cap."""
@@ -310,10 +317,13 @@ def advisory_keys(holds: Iterable[tuple[str, str]]) -> str:
     customers."""
     keys = set()
     for cap, customer in holds:
-        digest = hashlib.blake2b(f"{cap}\0{customer}".encode(), digest_size=8,
-                                 person=ADVISORY_NAMESPACE).digest()  # fmt: skip
-        keys.add(int.from_bytes(digest, "big", signed=True))
+        blake = _ADVISORY_HASH.copy()
+        blake.update(f"{cap}\0{customer}".encode())
+        keys.add(int.from_bytes(blake.digest(), "big", signed=True))
     return "{" + ",".join(map(str, sorted(keys))) + "}"
+
+
+_ADVISORY_HASH = hashlib.blake2b(digest_size=8, person=ADVISORY_NAMESPACE)
 
 
 Purchase = tuple[str, Cart, Sequence[Cap]]  # (customer, lines, the caps of the lines)
