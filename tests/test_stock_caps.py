@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
+from django.utils import timezone
 
 from stock_locks.exceptions import CapExceeded, CustomerRequired, InvalidQuantity, OutOfStock
 from stock_locks.keys import StockKeys
@@ -335,23 +336,27 @@ def test_a_database_without_the_caps_function_still_holds_the_cap(caplog):
     then take the transaction of statements, with a warning, and still hold."""
     from django.db import connection
 
-    from stock_locks.stock import table as stock_table
+    from stock_locks.stock import caps_postgres as stock_caps
 
     items(CAP_KETTLE=10)
     lines = {"CAP-KETTLE": 1}
     with connection.cursor() as cursor:
         cursor.execute("ALTER FUNCTION stock_locks_caps_over(bigint[], jsonb) RENAME TO hidden")
+    stock_caps._CAPS_FUNCTION.clear()
     try:
         with caps(KETTLES):
             for n in range(2):
                 StockTable().take_and_record(f"nf-{n}", lines, "lua", buyer=buyer_of("ivy", lines))
             with pytest.raises(CapExceeded):
                 StockTable().take_and_record("nf-2", lines, "lua", buyer=buyer_of("ivy", lines))
+            get_strategy("db_conditional").reserve("nf-3", lines, customer="jo")
+            with pytest.raises(CapExceeded):
+                get_strategy("db_conditional").reserve("nf-4", {"CAP-KETTLE": 2}, customer="jo")
     finally:
-        stock_table._WITHOUT_CAPS_FUNCTION.clear()
+        stock_caps._CAPS_FUNCTION.clear()
         with connection.cursor() as cursor:
             cursor.execute("ALTER FUNCTION hidden(bigint[], jsonb) RENAME TO stock_locks_caps_over")
-    assert units_of("ivy") == 2 and Item.objects.get(code="CAP-KETTLE").on_hand == 8
+    assert units_of("ivy") == 2 and Item.objects.get(code="CAP-KETTLE").on_hand == 7
     assert "no stock_locks_caps_over()" in caplog.text
 
 
@@ -360,8 +365,7 @@ def test_the_caps_function_counts_the_groups_skus_in_the_window_and_skips_releas
     every SKU of the group the customer holds in the window, nothing else."""
     from django.db import connection
 
-    from stock_locks.stock.caps import CAPS_OVER
-    from stock_locks.stock.table import _cap_limits
+    from stock_locks.stock.caps_postgres import CAPS_OVER, caps_over_args
 
     items(CAP_RED=10, CAP_BLUE=10, CAP_TEA=10)
     mugs = {"mugs": {"skus": ["CAP-RED", "CAP-BLUE"], "max": 3}}
@@ -375,11 +379,12 @@ def test_the_caps_function_counts_the_groups_skus_in_the_window_and_skips_releas
 
         def over(units: int) -> bool:
             lines = {"CAP-BLUE": units}
-            order = Order("f-new", lines, "lua", None, "fay")
+            purchase = ("fay", lines, buyer_of("fay", lines).caps)
+            now_ms = int(timezone.now().timestamp() * 1000)
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"SELECT {CAPS_OVER}(%s::bigint[], %s::jsonb)",
-                    _cap_limits([order], {"f-new": buyer_of("fay", lines).caps}),
+                    caps_over_args([purchase], now_ms),
                 )
                 return cursor.fetchone()[0]
 
@@ -396,7 +401,7 @@ def test_warm_up_prepares_the_capped_write_without_locking_or_writing_anything()
     first capped write does not compile it); with the function missing it is quiet."""
     from django.db import connection
 
-    from stock_locks.stock import table as stock_table
+    from stock_locks.stock import caps_postgres as stock_caps
 
     with caps(KETTLES):
         get_strategy("db_conditional").warm_up()
@@ -408,10 +413,12 @@ def test_warm_up_prepares_the_capped_write_without_locking_or_writing_anything()
             assert cursor.fetchone()[0] == 0
             assert not connection.in_atomic_block
             cursor.execute("ALTER FUNCTION stock_locks_caps_over(bigint[], jsonb) RENAME TO hidden")
+        stock_caps._CAPS_FUNCTION.clear()
         try:
             get_strategy("db_conditional").warm_up()
-            assert not stock_table._WITHOUT_CAPS_FUNCTION
+            assert stock_caps._CAPS_FUNCTION == {"default": False}
         finally:
+            stock_caps._CAPS_FUNCTION.clear()
             with connection.cursor() as cursor:
                 cursor.execute(
                     "ALTER FUNCTION hidden(bigint[], jsonb) RENAME TO stock_locks_caps_over"

@@ -1,5 +1,5 @@
 """PostgreSQL: the function a capped write calls in its stock decrement's WHERE
-(``stock_locks.stock.caps.CAPS_OVER``). Other databases count caps in Python."""
+(``stock_locks.stock.caps_postgres.CAPS_OVER``). Other databases count caps in Python."""
 
 from django.db import migrations
 

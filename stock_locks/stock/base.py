@@ -25,6 +25,7 @@ from ..keys import StockKeys
 from ..models import Reservation
 from . import expiry
 from .caps import NOBODY, Buyer, buyer_of, cap_book
+from .caps_postgres import prepare_caps_function
 from .cart import Cart, check_order_ref, check_ttl, normalize_cart
 from .clock import server_clock_ms
 from .ledger import (
@@ -37,7 +38,7 @@ from .ledger import (
 )
 from .registry import get_strategy
 from .soldout import units_back
-from .table import StockTable, prepare_capped_writes
+from .table import StockTable
 
 log = logging.getLogger("stock_locks.stock")
 
@@ -121,7 +122,7 @@ class StockStrategy(ABC):
         metrics.prepare()
         connections[router.db_for_write(Reservation)].ensure_connection()
         if cap_book().caps:
-            prepare_capped_writes()
+            prepare_caps_function()
         if self.uses_redis:
             get_redis().ping()
 
@@ -191,11 +192,12 @@ class StockStrategy(ABC):
         expires_at = self.due(ttl_ms)
         try:
             with transaction.atomic():
-                lock_caps_of(buyer, lines)
+                counted = lock_caps_of(buyer, lines)
                 take()
                 reservation = new_reservation(
-                    order_ref, lines, self.name, expires_at=expires_at, buyer=buyer
-                )
+                    order_ref, lines, self.name, expires_at=expires_at, buyer=buyer,
+                    counted=counted,
+                )  # fmt: skip
         except IntegrityError:
             return existing_reservation(order_ref, lines)
         except (OutOfStock, CapExceeded, StaleFencingToken):

@@ -38,8 +38,8 @@ decides (what Redis lost, it re-learns from the rows).
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -55,7 +55,16 @@ from django.utils.dateparse import parse_datetime
 from ..conf import settings
 from ..exceptions import CapExceeded, CustomerRequired, InvalidQuantity
 from ..models import CapHold, Reservation
+from .caps_postgres import (
+    ADVISORY_LOCKS,
+    CAPS_OVER,
+    advisory_keys,
+    caps_function_installed,
+    caps_over_args,
+)
 from .cart import Cart
+
+log = logging.getLogger("stock_locks.stock")
 
 MAX_CUSTOMER_LENGTH = 150  # the Reservation.customer column
 
@@ -301,31 +310,6 @@ def _hold(holds: set[tuple[str, str]]) -> None:
     )
 
 
-ADVISORY_NAMESPACE = b"stock_locks.cap"
-# PostgreSQL: the advisory locks of advisory_keys(), in key order, until the transaction ends.
-# PostgreSQL (migration 0006): lock the (cap, customer) pairs, then whether any of the
-# jsonb limits (customer, skus, max, since, units asked) would pass its max.
-CAPS_OVER = "stock_locks_caps_over"
-ADVISORY_LOCKS = "SELECT pg_advisory_xact_lock(key) FROM unnest(%s::bigint[]) AS key ORDER BY key"
-
-
-def advisory_keys(holds: Iterable[tuple[str, str]]) -> str:
-    """Signed 64-bit keys of PostgreSQL advisory locks for (cap, customer) pairs, sorted,
-    as an array literal for a ``%s::bigint[]`` parameter (psycopg's adaptation of a
-    list of ints, which looks at every element, cost more than the rest of a capped
-    write's client work). Nothing is written; a collision only serialises two
-    customers."""
-    keys = set()
-    for cap, customer in holds:
-        blake = _ADVISORY_HASH.copy()
-        blake.update(f"{cap}\0{customer}".encode())
-        keys.add(int.from_bytes(blake.digest(), "big", signed=True))
-    return "{" + ",".join(map(str, sorted(keys))) + "}"
-
-
-_ADVISORY_HASH = hashlib.blake2b(digest_size=8, person=ADVISORY_NAMESPACE)
-
-
 Purchase = tuple[str, Cart, Sequence[Cap]]  # (customer, lines, the caps of the lines)
 
 
@@ -340,13 +324,33 @@ def counting_since(purchases: list[Purchase], now_ms: int) -> dt.datetime | None
     return dt.datetime.fromtimestamp(earliest / 1000, tz=dt.UTC) if earliest else None
 
 
-def hold_caps(purchases: list[Purchase]) -> None:
+def hold_caps(purchases: list[Purchase]) -> bool:
     """In the caller's transaction, before it takes any stock row: lock each (cap,
-    customer) the purchases count against until the transaction ends (:func:`_hold`).
-    Every writer locks in this order (caps, stock rows in SKU order, reservation
-    rows), so no two can deadlock."""
-    if holds := holds_of(purchases):
+    customer) the purchases count against until the transaction ends. Every writer
+    locks in this order (caps, stock rows in SKU order, reservation rows), so no two
+    can deadlock.
+
+    On PostgreSQL with :data:`CAPS_OVER` (migration 0006) the same statement counts
+    them too: returns True when it did (none passes a max), and raises CapExceeded
+    for one that passes (the caller's transaction rolls back). Else (False) the
+    caller counts later, with :func:`count_in_database` (``held=True``)."""
+    holds = holds_of(purchases)
+    if not holds:
+        return False
+    db = router.db_for_write(Reservation)
+    if not caps_function_installed(db):
         _hold(holds)
+        return False
+    now = timezone.now()
+    with connections[db].cursor() as cursor:
+        cursor.execute(
+            f"SELECT {CAPS_OVER}(%s::bigint[], %s::jsonb)",
+            caps_over_args(purchases, int(now.timestamp() * 1000)),
+        )
+        over = cursor.fetchone()[0]
+    if over:  # (the locks are held: this names the refusal, unless a release came since)
+        count_in_database(purchases, now, held=True)
+    return True
 
 
 def count_in_database(purchases: list[Purchase], now: dt.datetime, *, held: bool = False) -> None:
@@ -355,16 +359,15 @@ def count_in_database(purchases: list[Purchase], now: dt.datetime, *, held: bool
     each with the earlier ones of the list (not inserted yet), and raise CapExceeded
     for the first that passes a max (the caller's transaction rolls back).
 
-    Each (cap, customer) is locked first (:func:`hold_caps`; ``held``: the caller
-    did, before its stock rows): two transactions of one customer count one after
-    the other (the statement after the lock sees what the other committed). Then
-    one query reads the customers' reservations holding stock in the widest
-    window."""
+    Each (cap, customer) is locked first (``held``: the caller did, with
+    :func:`hold_caps`): two transactions of one customer count one after the other
+    (the statement after the lock sees what the other committed). Then one query
+    reads the customers' reservations holding stock in the widest window."""
     purchases = [p for p in purchases if p[2]]
     if not purchases:
         return
     if not held:
-        hold_caps(purchases)
+        _hold(holds_of(purchases))
     now_ms = int(now.timestamp() * 1000)
     rows = Reservation.objects.filter(
         customer__in={customer for customer, _, _ in purchases},

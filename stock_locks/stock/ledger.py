@@ -26,12 +26,16 @@ def new_reservation(
     retries: int = 0,
     expires_at: dt.datetime | None = None,
     buyer: Buyer = NOBODY,
+    *,
+    counted: bool = False,
 ) -> Reservation:
     """Insert the RESERVED row (in the caller's transaction, after it locked the
     buyer's caps with :func:`lock_caps_of` and took the stock rows); IntegrityError
-    if the ref exists. With caps, the buyer's are counted first (CapExceeded: the
-    caller's transaction must roll back)."""
-    count_in_database([purchase_of(buyer, lines)], timezone.now(), held=True)
+    if the ref exists. With caps, the buyer's are counted first, unless ``counted``
+    (:func:`lock_caps_of` did); CapExceeded: the caller's transaction must roll
+    back."""
+    if not counted:
+        count_in_database([purchase_of(buyer, lines)], timezone.now(), held=True)
     reservation = Reservation.objects.create(
         order_ref=order_ref, lines=lines, strategy=strategy, expires_at=expires_at,
         customer=buyer.customer,
@@ -46,11 +50,12 @@ def purchase_of(buyer: Buyer, lines: Cart) -> Purchase:
     return buyer.customer, lines, list(buyer.caps)
 
 
-def lock_caps_of(buyer: Buyer, lines: Cart) -> None:
+def lock_caps_of(buyer: Buyer, lines: Cart) -> bool:
     """In the caller's transaction, before its stock rows: lock ``buyer``'s caps
-    (:func:`~.caps.hold_caps`; nothing without caps)."""
-    if buyer.caps:
-        hold_caps([purchase_of(buyer, lines)])
+    (:func:`~.caps.hold_caps`; nothing without caps). Returns whether that counted
+    them too (PostgreSQL: one statement; raises CapExceeded); pass it on to
+    :func:`new_reservation`."""
+    return hold_caps([purchase_of(buyer, lines)]) if buyer.caps else False
 
 
 def repeat_of(order_ref: str, lines: Cart) -> Reservation | None:

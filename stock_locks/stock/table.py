@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, cast
 
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, ProgrammingError, connections, models, router, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 from django.utils import timezone
 
 from ..conf import settings
@@ -29,18 +29,22 @@ from ..exceptions import OutOfStock
 from ..fencing import stale
 from ..models import Reservation
 from .caps import (
-    ADVISORY_LOCKS,
-    CAPS_OVER,
     NOBODY,
     Buyer,
     Cap,
     Purchase,
-    advisory_keys,
     caps_for,
     check_purchases,
     counting_since,
     hold_caps,
     holds_of,
+)
+from .caps_postgres import (
+    ADVISORY_LOCKS,
+    CAPS_OVER,
+    advisory_keys,
+    caps_function_installed,
+    caps_over_args,
 )
 from .cart import Cart, unknown_sku
 from .ledger import lock_caps_of, new_reservation
@@ -159,9 +163,11 @@ class StockTable:
             # one-statement path and of the group commit's batches. (Row first, a duplicate
             # request writing the same ref in a batch deadlocked with it: each waited for a
             # lock the other took first.)
-            lock_caps_of(buyer, lines)
+            counted = lock_caps_of(buyer, lines)
             self.take_conditionally(lines)
-            reservation = new_reservation(order_ref, lines, strategy, retries, expires_at, buyer)
+            reservation = new_reservation(
+                order_ref, lines, strategy, retries, expires_at, buyer, counted=counted
+            )
         return reservation
 
     def _columns(self, db: str) -> tuple[dict[str, str], str, str, str]:
@@ -189,13 +195,13 @@ class StockTable:
         ref already has a row (nothing written either way).
 
         With ``capped`` (order ref -> its caps), the decrement's WHERE also calls
-        :data:`~stock_locks.stock.caps.CAPS_OVER`: it locks the (cap, customer) pairs,
+        :data:`~stock_locks.stock.caps_postgres.CAPS_OVER`: it locks the (cap, customer) pairs,
         then counts each customer's units, and the units are taken only if no cap
         would pass its max. The hot row stays locked for one statement, as without
         caps, and the count's plan is the function's, made once per connection. When
         that writes nothing, :meth:`_take_and_record_in_one_transaction` names the
         refusal (or writes, if what refused it has changed since)."""
-        if capped and db in _WITHOUT_CAPS_FUNCTION:
+        if capped and not caps_function_installed(db):
             return self._take_and_record_in_one_transaction(db, orders, capped)
         res, table, sku_col, qty_col = self._columns(db)
         total = sum(order.lines[sku] for order in orders)
@@ -207,7 +213,9 @@ class StockTable:
             # version while holding the row (PostgreSQL rechecks a waiting UPDATE's WHERE).
             # The (cap, customer) locks it took keep its count right until commit anyway.
             guard = f" AND NOT (SELECT {CAPS_OVER}(%s::bigint[], %s::jsonb))"
-            guard_params = _cap_limits(orders, capped)
+            now_ms = int(timezone.now().timestamp() * 1000)
+            purchases = [(o.customer, o.lines, capped[o.ref]) for o in orders if o.ref in capped]
+            guard_params = caps_over_args(purchases, now_ms)
         sql = (
             f"WITH taken AS (UPDATE {table} SET {qty_col} = {qty_col} - %s "
             f"WHERE {sku_col} = %s AND {qty_col} >= %s{guard} RETURNING 1) "
@@ -218,20 +226,9 @@ class StockTable:
         # Autocommit makes the statement its own transaction; inside the caller's
         # transaction a savepoint keeps a duplicate-ref error from aborting it.
         scope = transaction.atomic(using=db) if connection.in_atomic_block else nullcontext()
-        try:
-            with scope, connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                inserted = {ref: (pk, created) for ref, pk, created in cursor.fetchall()}
-        except ProgrammingError as exc:
-            if not capped or _sqlstate(exc) != UNDEFINED_FUNCTION:
-                raise
-            log.warning(
-                "database %r has no %s() (migration 0006 not applied: tests run with "
-                "--nomigrations?); capped writes take the slower path until migrate runs",
-                db, CAPS_OVER,
-            )  # fmt: skip
-            _WITHOUT_CAPS_FUNCTION.add(db)
-            return self._take_and_record_in_one_transaction(db, orders, capped)
+        with scope, connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            inserted = {ref: (pk, created) for ref, pk, created in cursor.fetchall()}
         if inserted:
             return inserted
         if capped:  # nothing written: the checks one at a time say why
@@ -359,34 +356,6 @@ class StockTable:
             self.objects.filter(**{self.sku: sku}).update(**{self.qty: models.F(self.qty) + qty})
 
 
-# Database aliases found without CAPS_OVER (this process): capped writes there take
-# the transaction of statements instead.
-_WITHOUT_CAPS_FUNCTION: set[str] = set()
-UNDEFINED_FUNCTION = "42883"  # PostgreSQL's SQLSTATE
-
-
-def prepare_capped_writes() -> None:
-    """On PostgreSQL with :data:`~stock_locks.stock.caps.CAPS_OVER` installed: call it
-    once on this process's connection with nothing to lock or count, so that its first
-    capped write does not compile and plan it (a few ms on a new connection; PL/pgSQL
-    keeps both per connection). Nothing is locked or written; nothing happens
-    elsewhere. Raises the database's errors."""
-    db = router.db_for_write(Reservation)
-    connection = connections[db]
-    if connection.vendor != "postgresql" or db in _WITHOUT_CAPS_FUNCTION:
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT to_regprocedure(%s) IS NOT NULL", [f"{CAPS_OVER}(bigint[],jsonb)"])
-        if cursor.fetchone()[0]:
-            cursor.execute(f"SELECT {CAPS_OVER}('{{}}'::bigint[], '[]'::jsonb)")
-
-
-def _sqlstate(exc: Exception) -> str | None:
-    """The SQLSTATE of the driver's error behind Django's ``exc`` (psycopg 3 or 2)."""
-    cause = exc.__cause__
-    return getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-
-
 def together(connection: Any, statements: list[tuple[str, list[Any]]]) -> list[tuple[int, list]]:
     """Run ``statements`` (sql, params) as one query string: one round trip, each
     statement with its own snapshot. Per statement, (rowcount, rows). Only where
@@ -433,34 +402,6 @@ def _units(carts: Iterable[Cart]) -> dict[str, int]:
         for sku, qty in lines.items():
             totals[sku] = totals.get(sku, 0) + qty
     return totals
-
-
-def _cap_limits(orders: list[Order], capped: Mapping[str, Sequence[Cap]]) -> list[Any]:
-    """:data:`~stock_locks.stock.caps.CAPS_OVER`'s arguments for ``orders``: the
-    advisory lock keys of their (cap, customer) pairs, and per pair (a jsonb array)
-    the customer, the cap's SKUs, max and window start, and the units asked. (Written
-    out by hand: this runs in the group commit's leader, on every batch's way to the
-    hot row, and ``json.dumps`` of the dicts took 4x as long.)"""
-    now_ms = int(timezone.now().timestamp() * 1000)
-    asked: dict[tuple[str, str], int] = {}  # units per (cap, customer)
-    caps: dict[str, Cap] = {}
-    for order in orders:
-        for cap in capped.get(order.ref, ()):
-            pair = (cap.name, order.customer)
-            asked[pair] = asked.get(pair, 0) + cap.units(order.lines)
-            caps[cap.name] = cap
-    limits = []
-    for (name, customer), units in sorted(asked.items()):
-        cap = caps[name]
-        start = cap.window_start_ms(now_ms)
-        since = (
-            f'"{dt.datetime.fromtimestamp(start / 1000, tz=dt.UTC).isoformat()}"'
-            if start
-            else "null"
-        )
-        limits.append(f'{{"customer":{json.dumps(customer)},"skus":{cap.skus_json},'
-                      f'"max":{cap.max},"since":{since},"units":{units}}}')  # fmt: skip
-    return [advisory_keys(asked), f"[{','.join(limits)}]"]
 
 
 def _reservation_rows(res: dict[str, str], orders: list[Order]) -> tuple[str, str, list[Any]]:
