@@ -95,7 +95,7 @@ def test_a_capped_line_needs_a_customer_and_bad_ones_are_refused():
     with caps(KETTLES):
         with pytest.raises(CustomerRequired):
             lua.reserve("n-1", {"CAP-KETTLE": 1})
-        for bad in ["x" * 151, "a{b}", True, 1.5]:
+        for bad in ["x" * 151, "a{b}", "a\nb", "nul\x00", "tab\t", "\ud800", True, 1.5]:
             with pytest.raises(InvalidQuantity):
                 lua.reserve("n-2", {"CAP-KETTLE": 1}, customer=bad)
         lua.reserve("n-3", {"CAP-MUG": 1})  # an uncapped cart needs none
@@ -331,33 +331,61 @@ def test_the_database_alone_holds_the_cap_against_writes_from_four_processes(bat
     assert sum(left) == 2 * 5000 - most
 
 
-def test_a_database_without_the_caps_function_still_holds_the_cap(caplog):
-    """Tests run with --nomigrations have no stock_locks_caps_over(): capped writes
-    then take the transaction of statements, with a warning, and still hold."""
+@pytest.mark.parametrize("seen", [False, True], ids=["missing", "gone-after-seen"])
+def test_a_database_without_the_caps_function_still_holds_the_cap(caplog, seen):
+    """Tests run with --nomigrations have no stock_locks_caps_over(); a migration
+    undone or an older dump restored takes it away from running processes. Capped
+    writes then take the statements one at a time, with a warning, and still hold."""
     from django.db import connection
 
     from stock_locks.stock import caps_postgres as stock_caps
 
-    items(CAP_KETTLE=10)
+    items(CAP_KETTLE=10, CAP_MUG=10)
     lines = {"CAP-KETTLE": 1}
+    stock_caps._CAPS_FUNCTION.clear()
+    if seen:
+        assert stock_caps.caps_function_installed("default")
     with connection.cursor() as cursor:
         cursor.execute("ALTER FUNCTION stock_locks_caps_over(bigint[], jsonb) RENAME TO hidden")
-    stock_caps._CAPS_FUNCTION.clear()
     try:
         with caps(KETTLES):
+            table = StockTable()
             for n in range(2):
-                StockTable().take_and_record(f"nf-{n}", lines, "lua", buyer=buyer_of("ivy", lines))
+                table.take_and_record(f"nf-{n}", lines, "lua", buyer=buyer_of("ivy", lines))
             with pytest.raises(CapExceeded):
-                StockTable().take_and_record("nf-2", lines, "lua", buyer=buyer_of("ivy", lines))
+                table.take_and_record("nf-2", lines, "lua", buyer=buyer_of("ivy", lines))
             get_strategy("db_conditional").reserve("nf-3", lines, customer="jo")
             with pytest.raises(CapExceeded):
                 get_strategy("db_conditional").reserve("nf-4", {"CAP-KETTLE": 2}, customer="jo")
+            two = {"CAP-KETTLE": 1, "CAP-MUG": 1}  # (a cart of two lines: a transaction)
+            table.take_and_record("nf-5", two, "lua", buyer=buyer_of("kim", two))
+            with pytest.raises(CapExceeded):
+                table.take_and_record("nf-6", {"CAP-KETTLE": 2}, "lua", buyer=buyer_of("kim", two))
+        assert stock_caps._CAPS_FUNCTION == {"default": False}
     finally:
         stock_caps._CAPS_FUNCTION.clear()
         with connection.cursor() as cursor:
             cursor.execute("ALTER FUNCTION hidden(bigint[], jsonb) RENAME TO stock_locks_caps_over")
-    assert units_of("ivy") == 2 and Item.objects.get(code="CAP-KETTLE").on_hand == 7
-    assert "no stock_locks_caps_over()" in caplog.text
+    assert (units_of("ivy"), units_of("jo"), units_of("kim")) == (2, 1, 2)  # (kim: and a mug)
+    assert Item.objects.get(code="CAP-KETTLE").on_hand == 6
+    assert "stock_locks_caps_over()" in caplog.text
+
+
+@pytest.mark.parametrize("name", strategy_names())
+def test_a_customer_at_the_cap_is_told_sold_out_first_by_every_strategy(name):
+    """The stock is checked before the cap everywhere (Redis's scripts, the database's
+    statements): a customer at the cap asking for a sold-out SKU hears OutOfStock."""
+    items(CAP_KETTLE=3)
+    strategy = get_strategy(name)
+    with caps(KETTLES):
+        strategy.reserve("p-1", {"CAP-KETTLE": 2}, customer="pat")
+        strategy.reserve("p-2", {"CAP-KETTLE": 1}, customer="quin")
+        with pytest.raises(OutOfStock):
+            strategy.reserve("p-3", {"CAP-KETTLE": 1}, customer="pat")
+        strategy.release("p-2")
+        with pytest.raises(CapExceeded):  # (within the stock, the cap still refuses)
+            strategy.reserve("p-4", {"CAP-KETTLE": 1}, customer="pat")
+    assert units_of("pat") == 2 and Item.objects.get(code="CAP-KETTLE").on_hand == 1
 
 
 def test_the_caps_function_counts_the_groups_skus_in_the_window_and_skips_released_rows():

@@ -25,7 +25,7 @@ from ..keys import StockKeys
 from ..models import Reservation
 from . import expiry
 from .caps import NOBODY, Buyer, buyer_of, cap_book
-from .caps_postgres import prepare_caps_function
+from .caps_postgres import again_if_caps_function_gone, prepare_caps_function
 from .cart import Cart, check_order_ref, check_ttl, normalize_cart
 from .clock import server_clock_ms
 from .ledger import (
@@ -190,14 +190,18 @@ class StockStrategy(ABC):
         if repeat is not None:
             return repeat
         expires_at = self.due(ttl_ms)
-        try:
+
+        def write() -> Reservation:
             with transaction.atomic():
                 counted = lock_caps_of(buyer, lines)
                 take()
-                reservation = new_reservation(
+                return new_reservation(
                     order_ref, lines, self.name, expires_at=expires_at, buyer=buyer,
                     counted=counted,
                 )  # fmt: skip
+
+        try:
+            reservation = again_if_caps_function_gone(router.db_for_write(Reservation), write)
         except IntegrityError:
             return existing_reservation(order_ref, lines)
         except (OutOfStock, CapExceeded, StaleFencingToken):

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -63,8 +62,6 @@ from .caps_postgres import (
     caps_over_args,
 )
 from .cart import Cart
-
-log = logging.getLogger("stock_locks.stock")
 
 MAX_CUSTOMER_LENGTH = 150  # the Reservation.customer column
 
@@ -257,9 +254,11 @@ def buyer_of(customer: Any, lines: Cart) -> Buyer:
     if isinstance(customer, bool) or not isinstance(customer, (str, int)):
         raise InvalidQuantity(f"customer must be a string or an int, got {customer!r}")
     text = str(customer)
-    if len(text) > MAX_CUSTOMER_LENGTH or "{" in text or "}" in text or "\n" in text:
+    # (Braces would break its Redis keys' hash tag; a control character or a lone
+    # surrogate the database's JSON or the group commit's entries.)
+    if len(text) > MAX_CUSTOMER_LENGTH or "{" in text or "}" in text or not text.isprintable():
         raise InvalidQuantity(
-            f"customer {text[:40]!r}: at most {MAX_CUSTOMER_LENGTH} characters, no braces"
+            f"customer {text[:40]!r}: at most {MAX_CUSTOMER_LENGTH} printable characters, no braces"
         )
     return Buyer(text, caps) if caps else Buyer()  # (no cap: nothing to count it against)
 
@@ -331,9 +330,10 @@ def hold_caps(purchases: list[Purchase]) -> bool:
     can deadlock.
 
     On PostgreSQL with :data:`CAPS_OVER` (migration 0006) the same statement counts
-    them too: returns True when it did (none passes a max), and raises CapExceeded
-    for one that passes (the caller's transaction rolls back). Else (False) the
-    caller counts later, with :func:`count_in_database` (``held=True``)."""
+    them too: returns True when none passes a max. Else (False) the caller counts
+    after its stock rows, with :func:`count_in_database` (``held=True``), which
+    raises CapExceeded. Raises ProgrammingError when the function went missing
+    since it was seen (:func:`~.caps_postgres.caps_function_gone`)."""
     holds = holds_of(purchases)
     if not holds:
         return False
@@ -341,16 +341,15 @@ def hold_caps(purchases: list[Purchase]) -> bool:
     if not caps_function_installed(db):
         _hold(holds)
         return False
-    now = timezone.now()
     with connections[db].cursor() as cursor:
         cursor.execute(
             f"SELECT {CAPS_OVER}(%s::bigint[], %s::jsonb)",
-            caps_over_args(purchases, int(now.timestamp() * 1000)),
+            caps_over_args(purchases, int(timezone.now().timestamp() * 1000)),
         )
         over = cursor.fetchone()[0]
-    if over:  # (the locks are held: this names the refusal, unless a release came since)
-        count_in_database(purchases, now, held=True)
-    return True
+    # Over: the caller's count after its stock rows names the refusal (or passes, if a
+    # release came since), so a sold-out SKU is still told first, as the other paths do.
+    return not over
 
 
 def count_in_database(purchases: list[Purchase], now: dt.datetime, *, held: bool = False) -> None:

@@ -15,10 +15,10 @@ import datetime as dt
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
-from django.db import connections, router
+from django.db import ProgrammingError, connections, router
 
 from ..models import Reservation
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .caps import Cap, Purchase
 
 log = logging.getLogger("stock_locks.stock")
+T = TypeVar("T")
 
 ADVISORY_NAMESPACE = b"stock_locks.cap"
 # PostgreSQL: the advisory locks of advisory_keys(), in key order, until the transaction ends.
@@ -105,6 +106,35 @@ def caps_function_installed(db: str) -> bool:
             )  # fmt: skip
     _CAPS_FUNCTION[db] = installed
     return installed
+
+
+def caps_function_gone(db: str, exc: Exception) -> bool:
+    """Whether ``exc`` (raised on ``db``) says :data:`CAPS_OVER` does not exist: it
+    went missing after this process saw it (a migration undone, an older dump
+    restored). Then capped writes in this process take the slower path from now on
+    (with a warning), and the caller may run its transaction again."""
+    cause = exc.__cause__  # (the driver's error behind Django's: psycopg 3 or 2)
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    if sqlstate != UNDEFINED_FUNCTION or CAPS_OVER not in str(exc):
+        return False
+    log.warning("database %r: %s() has gone; capped writes take the slower path", db, CAPS_OVER)
+    _CAPS_FUNCTION[db] = False
+    return True
+
+
+UNDEFINED_FUNCTION = "42883"  # PostgreSQL's SQLSTATE
+
+
+def again_if_caps_function_gone(db: str, write: Callable[[], T]) -> T:
+    """``write()`` (a transaction on ``db`` that calls :data:`CAPS_OVER` first), and
+    once more on the slower path if the function had gone (its transaction rolled
+    back: nothing was written)."""
+    try:
+        return write()
+    except ProgrammingError as exc:
+        if not caps_function_gone(db, exc):
+            raise
+        return write()
 
 
 def prepare_caps_function() -> None:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, cast
 
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, connections, models, router, transaction
+from django.db import IntegrityError, ProgrammingError, connections, models, router, transaction
 from django.utils import timezone
 
 from ..conf import settings
@@ -43,6 +43,8 @@ from .caps_postgres import (
     ADVISORY_LOCKS,
     CAPS_OVER,
     advisory_keys,
+    again_if_caps_function_gone,
+    caps_function_gone,
     caps_function_installed,
     caps_over_args,
 )
@@ -158,17 +160,20 @@ class StockTable:
             pk, created_at = inserted[order_ref]
             return recorded(pk, created_at, order_ref, lines, strategy, retries, expires_at,
                             db, customer)  # fmt: skip
-        with transaction.atomic(using=db):
-            # The caps, the stock rows, then the reservation's: the order of the
-            # one-statement path and of the group commit's batches. (Row first, a duplicate
-            # request writing the same ref in a batch deadlocked with it: each waited for a
-            # lock the other took first.)
-            counted = lock_caps_of(buyer, lines)
-            self.take_conditionally(lines)
-            reservation = new_reservation(
-                order_ref, lines, strategy, retries, expires_at, buyer, counted=counted
-            )
-        return reservation
+
+        def write() -> Reservation:
+            with transaction.atomic(using=db):
+                # The caps, the stock rows, then the reservation's: the order of the
+                # one-statement path and of the group commit's batches. (Row first, a
+                # duplicate request writing the same ref in a batch deadlocked with it:
+                # each waited for a lock the other took first.)
+                counted = lock_caps_of(buyer, lines)
+                self.take_conditionally(lines)
+                return new_reservation(
+                    order_ref, lines, strategy, retries, expires_at, buyer, counted=counted
+                )
+
+        return again_if_caps_function_gone(db, write)
 
     def _columns(self, db: str) -> tuple[dict[str, str], str, str, str]:
         """Quoted names: the reservation table's columns by field name, and the stock
@@ -226,9 +231,14 @@ class StockTable:
         # Autocommit makes the statement its own transaction; inside the caller's
         # transaction a savepoint keeps a duplicate-ref error from aborting it.
         scope = transaction.atomic(using=db) if connection.in_atomic_block else nullcontext()
-        with scope, connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            inserted = {ref: (pk, created) for ref, pk, created in cursor.fetchall()}
+        try:
+            with scope, connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                inserted = {ref: (pk, created) for ref, pk, created in cursor.fetchall()}
+        except ProgrammingError as exc:
+            if not (capped and caps_function_gone(db, exc)):
+                raise
+            return self._take_and_record_in_one_transaction(db, orders, capped)
         if inserted:
             return inserted
         if capped:  # nothing written: the checks one at a time say why
