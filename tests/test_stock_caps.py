@@ -426,13 +426,16 @@ def test_the_caps_function_counts_the_groups_skus_in_the_window_and_skips_releas
 
 def test_warm_up_prepares_the_capped_write_without_locking_or_writing_anything():
     """A strategy's warm_up() calls the caps function once on its connection (so the
-    first capped write does not compile it); with the function missing it is quiet."""
+    first capped write does not compile it: a call that finds it gone since it was
+    seen notes that); with the function missing it is quiet."""
     from django.db import connection
 
     from stock_locks.stock import caps_postgres as stock_caps
 
+    stock_caps._CAPS_FUNCTION.clear()
     with caps(KETTLES):
         get_strategy("db_conditional").warm_up()
+        assert stock_caps._CAPS_FUNCTION == {"default": True}
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_locks "
@@ -441,9 +444,11 @@ def test_warm_up_prepares_the_capped_write_without_locking_or_writing_anything()
             assert cursor.fetchone()[0] == 0
             assert not connection.in_atomic_block
             cursor.execute("ALTER FUNCTION stock_locks_caps_over(bigint[], jsonb) RENAME TO hidden")
-        stock_caps._CAPS_FUNCTION.clear()
         try:
-            get_strategy("db_conditional").warm_up()
+            get_strategy("db_conditional").warm_up()  # (it calls the function: gone)
+            assert stock_caps._CAPS_FUNCTION == {"default": False}
+            stock_caps._CAPS_FUNCTION.clear()
+            get_strategy("db_conditional").warm_up()  # (missing from the start)
             assert stock_caps._CAPS_FUNCTION == {"default": False}
         finally:
             stock_caps._CAPS_FUNCTION.clear()

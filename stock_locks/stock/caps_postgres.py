@@ -141,8 +141,13 @@ def prepare_caps_function() -> None:
     """Where :data:`CAPS_OVER` is installed: call it once on this process's connection
     with nothing to lock or count, so that its first capped write does not compile
     and plan it (a few ms on a new connection; PL/pgSQL keeps both per connection).
-    Nothing is locked or written. Raises the database's errors."""
+    Nothing is locked or written; a function gone since it was seen is noted
+    (:func:`caps_function_gone`). Raises the database's other errors."""
     db = router.db_for_write(Reservation)
-    if caps_function_installed(db):
-        with connections[db].cursor() as cursor:
-            cursor.execute(f"SELECT {CAPS_OVER}('{{}}'::bigint[], '[]'::jsonb)")
+
+    def call() -> None:
+        if caps_function_installed(db):
+            with connections[db].cursor() as cursor:
+                cursor.execute(f"SELECT {CAPS_OVER}('{{}}'::bigint[], '[]'::jsonb)")
+
+    again_if_caps_function_gone(db, call)
