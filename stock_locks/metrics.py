@@ -147,12 +147,44 @@ def _observe(name: str, labels: tuple, ms: float, field: str) -> None:
 # -- what the library records ---------------------------------------------------------
 
 
+# The timeline's lock-wait fields, by histogram bucket index.
+_WAIT_FIELDS = tuple(f"lock_wait_ms|{bound}" for bound in (*BUCKETS_MS, "inf"))
+# lock_acquired's keys and prometheus-client children by (primitive, backend, outcome):
+# every acquire records here, so what _count and _observe look up each time is kept.
+_acquired: dict[tuple[str, str, str], tuple[tuple, tuple, Any, Any]] = {}
+
+
 def lock_acquired(primitive: str, backend: str, outcome: str, seconds: float) -> None:
-    """An acquire ended: ``outcome`` granted, timeout or error, after ``seconds``."""
-    if not _enabled():
+    """An acquire ended: ``outcome`` granted, timeout or error, after ``seconds``.
+
+    (What ``_count`` then ``_observe`` do, in one pass under the lock.)"""
+    if not settings.METRICS:
         return
-    _count("lock_acquisitions", (primitive, backend, outcome))
-    _observe("lock_wait", (primitive, backend), seconds * 1000, "lock_wait_ms")
+    entry = _acquired.get((primitive, backend, outcome))
+    if entry is None:
+        labels = (primitive, backend)
+        entry = _acquired[(primitive, backend, outcome)] = (
+            ("lock_acquisitions", *labels, outcome),
+            ("lock_wait", *labels),
+            _prometheus("lock_acquisitions", (*labels, outcome)),
+            _prometheus("lock_wait", labels),
+        )
+    counted, observed, counter, histogram = entry
+    ms = seconds * 1000
+    index = bisect.bisect_left(BUCKETS_MS, ms)
+    with _lock:
+        _counts[counted] = _counts.get(counted, 0) + 1
+        row = _hist.get(observed)
+        if row is None:
+            row = _hist[observed] = [0.0] * (len(BUCKETS_MS) + 2)
+        row[index] += 1
+        row[-1] += ms
+        _pending[_WAIT_FIELDS[index]] += 1
+    if _flusher_pid != os.getpid():
+        _ensure_flusher()
+    if counter is not None:
+        counter.inc()
+        histogram.observe(seconds)
 
 
 def lease_lost(primitive: str, backend: str, name: str) -> None:

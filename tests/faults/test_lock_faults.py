@@ -173,7 +173,8 @@ def _acquire_interrupted(url: str, report, go) -> None:
     """Child: acquire while the network holds the request; a signal interrupts it."""
     signal.signal(signal.SIGUSR1, raise_interrupted)
     client = client_through(url)
-    client.ping()  # connected before the stall
+    with Lock("warm-up", ttl=10, redis=client):  # its script connection made before the stall
+        pass
     lock = Lock("stalled", ttl=300, redis=client)
     report.put("ready")
     go.wait(TIMEOUT)

@@ -20,7 +20,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from stock_locks import FairSemaphore, Semaphore
+from stock_locks import FairSemaphore, Lock, Semaphore
 from stock_locks.exceptions import LockError, LockNotOwned
 from tests.support.fault_proxy import RETRIES, Interrupted, client_through, raise_interrupted
 from tests.support.processes import event, start_process
@@ -51,7 +51,8 @@ def _acquire_then_interrupted(kind: str, url: str, report, go) -> None:
     """Child: take a permit while the network holds the request; a signal interrupts."""
     signal.signal(signal.SIGUSR1, raise_interrupted)
     client = client_through(url)
-    client.ping()  # connected before the stall
+    with Lock("warm-up", ttl=10, redis=client):  # its script connection made before the stall
+        pass
     sem = KINDS[kind]("stalled", 1, ttl=300, redis=client)
     report.put(("ready", sem.id))
     go.wait(TIMEOUT)

@@ -6,6 +6,12 @@ pipeline per node), a blocking pop, a slot map refresh, and a connection of
 its own for a bounded request. The policies (NOSCRIPT, redirects, what a lost
 reply means) are the requests module's.
 
+A script runs on a connection the calling thread keeps (:class:`KeptConnections`),
+made like the client's pool makes its connections but not lent by it: a lock's
+acquire and release then skip the pool's bookkeeping (a lock, a health check,
+metrics), about as long as the script itself takes in Redis. Each thread that
+runs scripts holds one more connection to Redis, closed when the thread ends.
+
 A bounded request (a clean-up after an interrupted call, a repeat after a lost
 reply) must not hang the caller in turn: the pooled connections may have no
 socket timeout, and the one in use when the call was interrupted has been
@@ -21,6 +27,8 @@ refresh asks the nodes in turn and could outlast the bound).
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,13 +51,14 @@ _PLAIN_CLIENT = redis.Redis
 class RedisTransport:
     """Performs requests on one redis-py client (see the module)."""
 
-    __slots__ = ("client", "cluster", "_by_type", "_bounded_by_type")
+    __slots__ = ("client", "cluster", "_by_type", "_bounded_by_type", "_kept")
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.cluster = is_cluster(client)
         self._by_type = rq.dispatch(self, bounded=False)
         self._bounded_by_type = rq.dispatch(self, bounded=True)
+        self._kept = KeptConnections(client)
 
     def perform(self, request: Any) -> Any:
         """Perform one request; its reply (an error reply raised)."""
@@ -64,7 +73,7 @@ class RedisTransport:
         script, keys, argv, head, repeatable = request
         client = self.client
         if repeatable and type(client) is _PLAIN_CLIENT and client.connection is None:
-            return _evalsha_once(client, script.sha, keys, argv, head)
+            return _evalsha_once(client, script.sha, keys, argv, head, self._kept)
         return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
 
     def command(self, request: rq.Command) -> Any:
@@ -120,17 +129,64 @@ def _pipelined(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
     return list(pipe.execute(raise_on_error=False))
 
 
+class KeptConnections(threading.local):
+    """The connection each thread keeps for its scripts on a plain ``redis.Redis``:
+    made on first use by the client's pool's connection class from the pool's
+    arguments (Sentinel, TLS, a password, a database all follow), connected again
+    after it was closed, and made anew where the pool would drop it on its return
+    (``owns_connection``: a Sentinel pool that learned of a new primary), in a
+    forked child (the parent's socket is the parent's), and with the thread (its
+    finalizer closes it)."""
+
+    connection: Any = None
+    busy = False  # a call uses it: a call nested in that one (a finalizer) borrows
+
+    def __init__(self, client: Any) -> None:
+        self.pool: Any = getattr(client, "connection_pool", None)
+
+    def take(self) -> Any:
+        """This thread's connection, marked busy (None: borrow one from the pool)."""
+        if self.busy:
+            return None
+        connection, pool = self.connection, self.pool
+        if connection is None or connection.pid != os.getpid():
+            connection = self.connection = self._make()
+        elif not pool.owns_connection(connection):
+            connection.disconnect()
+            connection = self.connection = self._make()
+        if connection is not None:
+            self.busy = True
+        return connection
+
+    def _make(self) -> Any:
+        pool = self.pool
+        make = getattr(pool, "connection_class", None)
+        arguments = getattr(pool, "connection_kwargs", None)
+        if make is None or arguments is None or not hasattr(pool, "owns_connection"):
+            return None
+        return make(**arguments)
+
+
 def _evalsha_once(
-    client: Any, sha: str, keys: Sequence[str], argv: Sequence[Any], head: CommandHead | None
+    client: Any,
+    sha: str,
+    keys: Sequence[str],
+    argv: Sequence[Any],
+    head: CommandHead | None,
+    kept: KeptConnections,
 ) -> Any:
-    """EVALSHA on a pooled connection of a plain ``redis.Redis``, without the per-call
-    bookkeeping of its ``execute_command`` (and with ``head``, packing only ARGV). A
-    transport error closes the connection and sends the call again through
-    ``execute_command`` (the client's own retries): every script is safe to repeat.
-    An error reply leaves the connection pooled (READONLY aside); any other exception
-    (an interrupt) closes it too."""
+    """EVALSHA on the calling thread's kept connection (``kept``; else a pooled one) of
+    a plain ``redis.Redis``, without the per-call bookkeeping of its
+    ``execute_command`` (and with ``head``, packing only ARGV). A transport error
+    closes the connection and sends the call again through ``execute_command`` (the
+    client's own retries): every script is safe to repeat. An error reply leaves the
+    connection ready (READONLY aside); any other exception (an interrupt) closes it
+    too. A closed kept connection connects again on its next use."""
     pool = client.connection_pool
-    conn = pool.get_connection()
+    conn: Any = kept.take()
+    borrowed = conn is None
+    if borrowed:
+        conn = pool.get_connection()
     try:
         if head is not None and conn.encoder.encoding == "utf-8":  # (the head's encoding)
             conn.send_packed_command([head.pack(conn.encoder.encode, argv)])
@@ -152,7 +208,10 @@ def _evalsha_once(
         conn.disconnect()
         raise
     finally:
-        pool.release(conn)
+        if borrowed:
+            pool.release(conn)
+        else:
+            kept.busy = False
     return client.execute_command("EVALSHA", sha, len(keys), *keys, *argv)
 
 
