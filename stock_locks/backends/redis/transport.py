@@ -188,6 +188,11 @@ def _evalsha_once(
     if borrowed:
         conn = pool.get_connection()
     try:
+        if not borrowed:
+            # (as the pool does on lending one: a Sentinel-managed connection asks the
+            # sentinels for the primary there; sending on an unconnected one would dial
+            # the service name)
+            conn.connect()
         if head is not None and conn.encoder.encoding == "utf-8":  # (the head's encoding)
             conn.send_packed_command([head.pack(conn.encoder.encode, argv)])
         else:
