@@ -59,7 +59,7 @@ Steps = Generator[Call[Any], Any, T]
 
 def acquire(
     try_call: Callable[[float, bool], Call[Attempt]],
-    wait_call: Callable[[float], Call[bool]],
+    wait_call: Callable[[float], Call[bool] | Call[bool | Attempt]],
     *,
     blocking: bool,
     timeout: float | None,
@@ -76,7 +76,9 @@ def acquire(
     caller will sleep after a refusal (0: this is its last try; ``math.inf``: no
     bound), ``waited`` whether it slept before this try. A refused caller sleeps
     (``wait_call(seconds)``) until a wake-up or the holder's lease end
-    (``Attempt.wait``, else ``default_wait``), never past ``timeout``.
+    (``Attempt.wait``, else ``default_wait``), never past ``timeout``. A wait may
+    answer with an :class:`Attempt`: the backend made the next try itself at the
+    wake-up (one round trip for both); otherwise a try follows every wait.
     ``blocking=False`` or ``timeout=0``: one try. ``timeout=None``: no deadline.
 
     Any exception but a :class:`LockError` (the backend's own answer) first
@@ -89,6 +91,7 @@ def acquire(
     began = clock()
     deadline = began + timeout if blocking and timeout else None
     waited = False
+    attempt: Attempt | None = None  # (a try the backend made at a wake-up)
     try:
         while True:
             if not blocking or timeout == 0:
@@ -97,7 +100,8 @@ def acquire(
                 patience = math.inf
             else:
                 patience = max(0.0, deadline - clock())
-            attempt: Attempt = yield try_call(patience, waited)
+            if attempt is None:
+                attempt = yield try_call(patience, waited)
             if attempt.granted:
                 metrics.lock_acquired(*labels, "granted", clock() - began)
                 return attempt
@@ -107,13 +111,16 @@ def acquire(
                 metrics.lock_acquired(*labels, "timeout", clock() - began)
                 return None
             wait = default_wait if attempt.wait is None else attempt.wait
+            attempt = None
             if deadline is not None:
                 remaining = deadline - clock()
                 if remaining <= 0:
                     continue  # a last try without patience (a fair waiter leaves its queue)
                 wait = min(wait, remaining)
-            yield wait_call(wait)
+            woken = yield wait_call(wait)
             waited = True
+            if isinstance(woken, Attempt):
+                attempt = woken
     except (LockError, GeneratorExit):
         raise  # the backend answered (nothing is held), or the generator is being closed
     except BaseException as exc:

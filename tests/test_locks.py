@@ -342,6 +342,57 @@ def test_waiter_is_woken_by_the_release_not_by_the_lease(redis_client):
     assert commandstats(redis_client)["cmdstat_evalsha"] == evalsha_while_blocked + 2
 
 
+class SendCounting(redis.Connection):
+    """A real connection that counts the requests it sends (a pipeline: one)."""
+
+    sent = 0
+
+    def send_packed_command(self, command, check_health=True):
+        SendCounting.sent += 1
+        return super().send_packed_command(command, check_health)
+
+
+def test_a_woken_waiter_is_granted_without_a_round_trip_of_its_own(redis_server, redis_client):
+    acquired, release = event(), event()
+    holder = start_process(_hold_until, "piggyback", acquired, release)
+    assert acquired.wait(TIMEOUT)
+    pool = redis.ConnectionPool(
+        host="127.0.0.1", port=redis_server.port, connection_class=SendCounting
+    )
+    waiter_lock = Lock("piggyback", ttl=5, timeout=TIMEOUT, redis=redis.Redis(connection_pool=pool))
+    result: list[bool] = []
+    waiter = threading.Thread(target=lambda: result.append(waiter_lock.acquire()))
+    waiter.start()
+    wait_until(lambda: blocked_clients(redis_client) == 1, what="waiter blocked in BLPOP")
+    sent_while_blocked = SendCounting.sent
+    release.set()
+    waiter.join(TIMEOUT)
+    holder.join(TIMEOUT)
+    # Its next try left with its BLPOP: the server ran it at the wake-up.
+    assert SendCounting.sent == sent_while_blocked
+    assert result == [True] and waiter_lock.owned()
+    waiter_lock.release()
+
+
+def test_a_waiter_whose_try_finds_the_scripts_gone_tries_again_with_their_source(
+    redis_client,
+):
+    acquired, release = event(), event()
+    holder = start_process(_hold_until, "flushed", acquired, release)
+    assert acquired.wait(TIMEOUT)
+    result: list[bool] = []
+    waiter = threading.Thread(
+        target=lambda: result.append(Lock("flushed", ttl=5, timeout=TIMEOUT).acquire())
+    )
+    waiter.start()
+    wait_until(lambda: blocked_clients(redis_client) == 1, what="waiter blocked in BLPOP")
+    redis_client.script_flush()  # (the try behind its BLPOP will answer NOSCRIPT)
+    release.set()
+    waiter.join(TIMEOUT)
+    holder.join(TIMEOUT)
+    assert result == [True]
+
+
 def test_a_queue_of_waiters_is_woken_release_by_release(redis_server, redis_client):
     # Every lease is far longer than the test's timeout and the socket never times
     # out, so each waiter can only be granted if the previous holder's release woke it.

@@ -321,7 +321,7 @@ class LockCore(GuardCore):
         token, count = (cast(str, hold.token), hold.count) if reentry else (_new_token(), 0)
         attempt = yield from lease.acquire(
             lambda patience, waited: call(ops.lock_try, spec, token, count, waited, hold),
-            lambda seconds: call(ops.lock_wait, spec, seconds),
+            lambda seconds: call(ops.lock_wait, spec, seconds, token, count),
             blocking=blocking,
             timeout=timeout,
             default_wait=self.ttl,
@@ -425,7 +425,8 @@ class LockCore(GuardCore):
         return call(self._ops.lock_release, self.spec, token, count, ReleaseMode(mode))
 
     def _wait_call(self, seconds: float) -> Call[bool]:
-        return call(self._ops.lock_wait, self.spec, seconds)
+        # (without a token no backend tries at the wake-up: the answer is a bool)
+        return cast(Call[bool], call(self._ops.lock_wait, self.spec, seconds))
 
     # -- bookkeeping (no I/O) ----------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from tests.inventory.models import Item
 from tests.support.fault_proxy import RETRIES, Interrupted, client_through, raise_interrupted
 from tests.support.lock_state import held, last_fence, lease_runs_out
 from tests.support.processes import event, start_process
-from tests.support.redis_stats import commandstats
+from tests.support.redis_stats import blocked_clients, commandstats
 from tests.support.waiting import TIMEOUT, wait_until
 
 _spawn = multiprocessing.get_context("spawn")
@@ -382,6 +382,44 @@ def test_a_lost_lease_still_raises_when_the_reply_is_lost(
         lock.release()
     assert proxy.lost == 1
     assert redis_client.get("sl:lock:{lost}") == b"intruder"
+
+
+def _wait_while_the_wake_up_is_swallowed(url: str, report, go) -> None:
+    """Child: wait for a held lock, with a timeout, the wake-up's reply never arriving."""
+    lock = Lock("swallowed", ttl=300, redis=client_through(url))
+    report.put("ready")
+    go.wait(TIMEOUT)
+    granted = lock.acquire(timeout=1.0)
+    report.put((granted, lock.token, lock.fence if granted else None))
+    if granted:
+        lock.release()
+    report.put(held(redis.Redis.from_url(url), "sl:lock:{swallowed}"))
+
+
+def test_a_waiter_whose_wake_up_reply_is_lost_finds_the_grant_it_carried(
+    redis_server, redis_client, fault_proxy
+):
+    """The try a waiter sends behind its BLPOP runs at the wake-up, but the replies of
+    both never reach it: its wait ends on its deadline, and its last try (the same
+    token) finds the grant instead of leaving the lock held by nobody who knows."""
+    _load_scripts(redis_client)
+    proxy = fault_proxy(redis_server.port)
+    holder = Lock("swallowed", ttl=300, redis=redis_client)
+    assert holder.acquire(timeout=0)
+    report, go = _spawn.Queue(), event()
+    child = start_process(_wait_while_the_wake_up_is_swallowed, proxy.url, report, go)
+    assert report.get(timeout=TIMEOUT) == "ready"
+    proxy.swallow_reply(b"BLPOP")
+    go.set()
+    wait_until(lambda: blocked_clients(redis_client) == 1, what="the waiter blocked in BLPOP")
+    holder.release()
+    granted, token, fence = report.get(timeout=TIMEOUT)
+    assert proxy.swallowed == 1
+    assert granted is True and fence > holder.fence  # granted once, to the waiting token
+    assert not report.get(timeout=TIMEOUT)  # its release freed it
+    child.join(TIMEOUT)
+    assert token[:16] in redis_client.get("sl:lock:{swallowed}").decode()  # (remembered)
+    assert Lock("swallowed", ttl=10, timeout=0, redis=redis_client).acquire()
 
 
 # -- 5. fences across a restore from an older snapshot ---------------------------------------------

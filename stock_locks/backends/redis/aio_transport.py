@@ -109,6 +109,10 @@ class AsyncRedisTransport:
             )
         return b"1" if await listener.wait(request.key, request.seconds) else None
 
+    async def pop_then(self, request: rq.PopThen) -> tuple[bytes | None, Any]:
+        # (the wait goes through the loop's listener: the try is the caller's)
+        return await self.pop(rq.Pop(request.key, request.seconds)), None
+
     async def refresh_routes(self, request: rq.RefreshRoutes) -> None:
         if self.cluster:
             await self._refresh_slot_map()

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
+from redis.exceptions import NoScriptError
 
 from ... import scripts
 from ...conf import settings
@@ -67,7 +68,17 @@ from .protocol import (
     semaphore_script_keys,
     token_of,
 )
-from .requests import Blocking, Command, Pop, Requests, confirmed_script, script, scripts_batch
+from .requests import (
+    Blocking,
+    Command,
+    Pop,
+    PopThen,
+    Requests,
+    Script,
+    confirmed_script,
+    script,
+    scripts_batch,
+)
 from .transport import RedisTransport
 
 T = TypeVar("T")
@@ -211,14 +222,22 @@ class RedisBackend(Backend):
         argv = acquire_argv(
             token, spec.ttl_ms, count, holder_argv(spec.caller, spec.watchdog), waited
         )
-        replicas = self.options.replicas
-        replicas = settings.REPLICAS if replicas is None else replicas
+        replicas = self._replicas()
         if replicas:
             reply = yield from self._acquire_replicated(spec, token, argv, replicas)
         else:
             reply = yield from script(
                 scripts.LOCK_ACQUIRE, spec.acquire_keys, argv, spec.acquire_head
             )
+        return self._attempt(spec, token, reply)
+
+    def _replicas(self) -> int:
+        replicas = self.options.replicas
+        return settings.REPLICAS if replicas is None else replicas
+
+    def _attempt(self, spec: RedisLockSpec, token: str, reply: Any) -> Attempt:
+        """The :class:`Attempt` of ``lock_acquire.lua``'s ``reply``; a grant's state is
+        kept for its release."""
         if reply[0] == AcquireReply.GRANTED:
             states = self._grant_states
             if len(reply) > 3:
@@ -274,8 +293,26 @@ class RedisBackend(Backend):
             (yield from script(scripts.LOCK_EXTEND, extend_keys(spec.keys), argv))
         )
 
-    def lock_wait(self, spec: LockSpec, seconds: float) -> Operation[bool]:
-        return (yield Pop(spec.keys.signal, seconds)) is not None
+    def lock_wait(
+        self, spec: LockSpec, seconds: float, token: str | None = None, count: int = 0
+    ) -> Operation[bool | Attempt]:
+        """On a plain server, the waiter's next try is sent behind its ``BLPOP`` on the
+        same connection, so the server runs it as soon as a release pops the signal
+        (``PopThen``): no client round trip between the wake-up and the try. Not
+        with ``REPLICAS`` (a grant must be confirmed by ``WAIT`` on its connection)."""
+        assert isinstance(spec, RedisLockSpec)
+        if token is None or self._replicas():
+            return (yield Pop(spec.keys.signal, seconds)) is not None
+        argv = acquire_argv(
+            token, spec.ttl_ms, count, holder_argv(spec.caller, spec.watchdog), True
+        )
+        then = Script(scripts.LOCK_ACQUIRE, spec.acquire_keys, argv, spec.acquire_head)
+        popped, reply = yield PopThen(spec.keys.signal, seconds, then)
+        if reply is None or isinstance(reply, NoScriptError):
+            return popped is not None  # (no try known to have run: the caller makes it)
+        if isinstance(reply, BaseException):
+            raise reply
+        return self._attempt(spec, token, reply)
 
     def lock_inspect(self, name: str, keys: LockKeys) -> Operation[LockInfo | None]:
         reply = yield from script(scripts.LOCK_INSPECT, (keys.lock,), ())

@@ -86,6 +86,19 @@ class Pop(NamedTuple):
     seconds: float
 
 
+class PopThen(NamedTuple):
+    """:class:`Pop`, then ``then`` (a script) run by the server at once after the pop, on
+    the same connection, where the transport can (a plain server): (what was popped
+    or None, the script's reply or its error reply; None when the script was not
+    sent or its reply is not known). A wait whose deadline passed drops the
+    connection: the script may still have run (the pop landed just then) and its
+    reply is lost, so its caller must make it again when that is not safe to miss."""
+
+    key: str
+    seconds: float
+    then: Script
+
+
 class RefreshRoutes(NamedTuple):
     """Read a cluster's slot map again (nothing on a single server)."""
 
@@ -107,6 +120,7 @@ class Performer(Protocol):
     def pipeline(self, request: Pipeline) -> Any: ...
     def batch(self, request: Batch) -> Any: ...
     def pop(self, request: Pop) -> Any: ...
+    def pop_then(self, request: PopThen) -> Any: ...
     def refresh_routes(self, request: RefreshRoutes) -> Any: ...
     def blocking(self, request: Blocking) -> Any: ...
     def bounded(self, key: str | None, command: tuple[Any, ...]) -> Any: ...
@@ -121,6 +135,7 @@ def dispatch(transport: Performer, bounded: bool) -> dict[type, Callable[[Any], 
         Pipeline: transport.pipeline,
         Batch: transport.batch,
         Pop: transport.pop,
+        PopThen: transport.pop_then,
         RefreshRoutes: transport.refresh_routes,
         Blocking: transport.blocking,
     }

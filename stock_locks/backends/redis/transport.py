@@ -43,7 +43,7 @@ from .client import bounded_arguments
 from .cluster import is_cluster, node_client, refresh_slot_map
 from .errors import NODE_ERRORS
 from .protocol import CommandHead
-from .wakeup import wait_for_item
+from .wakeup import wait_for_item, wait_then_run
 
 _PLAIN_CLIENT = redis.Redis
 
@@ -110,6 +110,19 @@ class RedisTransport:
 
     def pop(self, request: rq.Pop) -> bytes | None:
         return wait_for_item(self.client, request.key, request.seconds)
+
+    def pop_then(self, request: rq.PopThen) -> tuple[bytes | None, Any]:
+        client = self.client
+        if type(client) is not _PLAIN_CLIENT or client.connection is not None:
+            return wait_for_item(client, request.key, request.seconds), None
+        script, keys, argv, head, _ = request.then
+
+        def packed(connection: Any) -> list[bytes]:
+            if head is not None and connection.encoder.encoding == "utf-8":
+                return [head.pack(connection.encoder.encode, argv)]
+            return list(connection.pack_command("EVALSHA", script.sha, len(keys), *keys, *argv))
+
+        return wait_then_run(client.connection_pool, request.key, request.seconds, packed)
 
     def refresh_routes(self, request: rq.RefreshRoutes) -> None:
         refresh_slot_map(self.client)

@@ -31,6 +31,7 @@ client, and waits next on the node the fresh map names.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -131,15 +132,71 @@ def _blpop(pool: Any, key: str, seconds: float) -> bytes | None:
 def _await_reply(connection: Any, deadline: float) -> bytes | None:
     """The popped element if the BLPOP reply comes before ``deadline``; else drop the
     connection."""
+    if not _reply_before(connection, deadline):
+        return None
+    reply = connection.read_response()
+    return None if reply is None else _as_bytes(reply[1])
+
+
+def wait_then_run(
+    pool: Any, key: str, seconds: float, packed: Callable[[Any], list[bytes]]
+) -> tuple[bytes | None, Any]:
+    """:func:`wait_for_item` on a plain server's ``pool``, with a command sent behind the
+    ``BLPOP`` on the same connection (``packed(connection)``: its wire format), which
+    the server runs as soon as the pop is served: (the popped element or None, the
+    command's reply or its error reply as an exception object).
+
+    When the deadline passes first the connection is dropped: (None, None), and the
+    command may still have run (the pop was served just then) with its reply lost. A
+    wait cut by a failover (``UNBLOCKED``): (``b""``, None), the command's outcome
+    unknown too. Raises as :func:`wait_for_item`."""
+    seconds = max(float(seconds), MIN_WAIT)
+    deadline = time.monotonic() + seconds
+    server_timeout = f"{seconds + SERVER_MARGIN:.3f}"
+    for attempt in range(2):
+        connection = pool.get_connection()
+        try:
+            try:
+                blpop = connection.pack_command("BLPOP", key, server_timeout)
+                connection.send_packed_command([*blpop, *packed(connection)])
+            except RedisConnectionError:
+                # A pooled connection the server closed meanwhile: one fresh try.
+                connection.disconnect()
+                if attempt:
+                    raise
+                continue
+            if not _reply_before(connection, deadline):
+                return None, None
+            try:
+                popped = connection.read_response()
+            except ResponseError as exc:
+                if not str(exc).startswith(UNBLOCKED):
+                    raise
+                connection.disconnect()  # (the command's reply is still to come)
+                return b"", None
+            try:
+                reply = connection.read_response()
+            except ResponseError as exc:
+                reply = exc
+            return (None if popped is None else _as_bytes(popped[1])), reply
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _reply_before(connection: Any, deadline: float) -> bool:
+    """Whether a reply comes before ``deadline``; else the connection is dropped."""
     while True:
         remaining = deadline - time.monotonic()
         # can_read(0) is a non-blocking look: a reply already there is never dropped.
         if connection.can_read(max(remaining, 0.0)):
-            reply = connection.read_response()
-            return None if reply is None else _as_bytes(reply[1])
+            return True
         if remaining <= 0:
             connection.disconnect()
-            return None
+            return False
 
 
 def _plain_blpop(client: Any, key: str, seconds: float) -> bytes | None:
