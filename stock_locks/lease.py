@@ -59,7 +59,7 @@ Steps = Generator[Call[Any], Any, T]
 
 def acquire(
     try_call: Callable[[float, bool], Call[Attempt]],
-    wait_call: Callable[[float], Call[bool] | Call[bool | Attempt]],
+    wait_call: Callable[[float], Call[Any]],
     *,
     blocking: bool,
     timeout: float | None,
@@ -78,7 +78,10 @@ def acquire(
     (``wait_call(seconds)``) until a wake-up or the holder's lease end
     (``Attempt.wait``, else ``default_wait``), never past ``timeout``. A wait may
     answer with an :class:`Attempt`: the backend made the next try itself at the
-    wake-up (one round trip for both); otherwise a try follows every wait.
+    wake-up (one round trip for both); otherwise a try follows every wait. A wait
+    that answers None may have left such a try to run later (its reply lost): an
+    acquire that then ends without a grant gives back (``give_back``, bounded), so
+    that the try is refused if it still lands.
     ``blocking=False`` or ``timeout=0``: one try. ``timeout=None``: no deadline.
 
     Any exception but a :class:`LockError` (the backend's own answer) first
@@ -92,6 +95,7 @@ def acquire(
     deadline = began + timeout if blocking and timeout else None
     waited = False
     attempt: Attempt | None = None  # (a try the backend made at a wake-up)
+    unsure = False  # (a try the backend sent at a wake-up may still run)
     try:
         while True:
             if not blocking or timeout == 0:
@@ -109,6 +113,8 @@ def acquire(
                 on_refused(attempt)
             if not patience:
                 metrics.lock_acquired(*labels, "timeout", clock() - began)
+                if unsure and give_back is not None:
+                    yield from give_back_once(give_back)
                 return None
             wait = default_wait if attempt.wait is None else attempt.wait
             attempt = None
@@ -121,6 +127,8 @@ def acquire(
             waited = True
             if isinstance(woken, Attempt):
                 attempt = woken
+            elif woken is None:
+                unsure = True
     except (LockError, GeneratorExit):
         raise  # the backend answered (nothing is held), or the generator is being closed
     except BaseException as exc:

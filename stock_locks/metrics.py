@@ -172,6 +172,8 @@ def lock_acquired(primitive: str, backend: str, outcome: str, seconds: float) ->
     counted, observed, counter, histogram = entry
     ms = seconds * 1000
     index = bisect.bisect_left(BUCKETS_MS, ms)
+    if _flusher_pid != os.getpid():
+        _ensure_flusher()  # (first: in a forked child it drops the parent's deltas)
     with _lock:
         _counts[counted] = _counts.get(counted, 0) + 1
         row = _hist.get(observed)
@@ -180,8 +182,6 @@ def lock_acquired(primitive: str, backend: str, outcome: str, seconds: float) ->
         row[index] += 1
         row[-1] += ms
         _pending[_WAIT_FIELDS[index]] += 1
-    if _flusher_pid != os.getpid():
-        _ensure_flusher()
     if counter is not None:
         counter.inc()
         histogram.observe(seconds)

@@ -81,6 +81,48 @@ def test_an_interrupted_try_is_given_back_bounded_and_the_error_propagates():
         steps.send(1)
 
 
+def test_a_try_made_at_the_wake_up_counts_as_the_next_try():
+    clock = Clock()
+    steps = _steps(clock, timeout=10.0)
+    next(steps)
+    assert steps.send(Attempt(False, wait=2.0)) == Call("wait", (2.0,))
+    clock.now += 1.0
+    # Refused again at the wake-up: no try of its own, it waits again.
+    assert steps.send(Attempt(False, wait=3.0)) == Call("wait", (3.0,))
+    grant = Attempt(True, fence=9, count=1)
+    with pytest.raises(StopIteration) as done:
+        steps.send(grant)
+    assert done.value.value is grant
+
+
+def test_a_timeout_after_a_wake_up_try_with_a_lost_reply_gives_the_token_back():
+    give_back = Call("release", ("token", "abandon"))
+    clock = Clock()
+    steps = _steps(clock, timeout=1.0, give_back=give_back)
+    next(steps)
+    assert steps.send(Attempt(False, wait=5.0)) == Call("wait", (1.0,))
+    clock.now += 1.0
+    # The wait ran out with the try it carried perhaps still to run (None): the last
+    # try is refused, and the token is given back, so that a late grant is refused too.
+    assert steps.send(None) == Call("try", (0.0, True))
+    assert steps.send(Attempt(False, wait=5.0)) == lease.bounded(give_back)
+    with pytest.raises(StopIteration) as done:
+        steps.send(1)
+    assert done.value.value is None
+
+
+def test_a_timeout_after_plain_waits_gives_nothing_back():
+    clock = Clock()
+    steps = _steps(clock, timeout=1.0, give_back=Call("release", ("token", "abandon")))
+    next(steps)
+    assert steps.send(Attempt(False, wait=5.0)) == Call("wait", (1.0,))
+    clock.now += 1.0
+    assert steps.send(False) == Call("try", (0.0, True))
+    with pytest.raises(StopIteration) as done:
+        steps.send(Attempt(False, wait=5.0))
+    assert done.value.value is None
+
+
 def test_a_refusal_the_backend_explains_gives_nothing_back():
     steps = _steps(Clock(), give_back=Call("release", ("token", "abandon")))
     next(steps)

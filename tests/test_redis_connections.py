@@ -1,6 +1,8 @@
-"""The connection each thread keeps for its scripts (backends/redis/transport.py): one per
-thread, never lent by the pool, closed with the thread, made anew in a forked child, and
-connected again after Redis restarts. Counted from the server's CLIENT LIST."""
+"""The connection each thread keeps for its scripts (backends/redis/transport.py): lent
+once by the client's pool and kept while the thread lives, given back when it ends; not
+kept from a pool whose callers wait for a free connection, nor more than half of a
+bounded pool; a forked child takes its own once. Counted from the server's CLIENT LIST
+and from the connections the pool made."""
 
 from __future__ import annotations
 
@@ -13,26 +15,7 @@ import redis
 
 from stock_locks import Lock
 from stock_locks.exceptions import RedisUnavailable
-from tests.support.waiting import TIMEOUT, wait_until
-
-
-def client_ids(server_client: redis.Redis) -> set[int]:
-    """The ids of the server's connections, the asking one left out."""
-    own = server_client.client_id()
-    return {int(entry["id"]) for entry in server_client.client_list()} - {own}
-
-
-def kept_connection_id(lock: Lock) -> int:
-    """The server's id of the calling thread's kept connection (it must exist)."""
-    connection = lock.backend.transport._kept.connection
-    connection.send_command("CLIENT", "ID")
-    return int(connection.read_response())
-
-
-def cycles(lock: Lock, n: int = 20) -> None:
-    for _ in range(n):
-        assert lock.acquire(timeout=TIMEOUT)
-        lock.release()
+from tests.support.waiting import TIMEOUT
 
 
 class MadeConnection(redis.Connection):
@@ -45,85 +28,162 @@ class MadeConnection(redis.Connection):
         MadeConnection.made += 1
 
 
-def test_a_thread_keeps_one_connection_for_its_scripts_and_it_closes_when_the_thread_ends(
+def client_ids(server_client: redis.Redis) -> set[int]:
+    """The ids of the server's connections, the asking one left out."""
+    own = server_client.client_id()
+    return {int(entry["id"]) for entry in server_client.client_list()} - {own}
+
+
+def kept_connection_id(lock: Lock) -> int:
+    """The server's id of the calling thread's kept connection (it must exist)."""
+    connection = lock.backend.transport._kept.lent.connection
+    connection.send_command("CLIENT", "ID")
+    return int(connection.read_response())
+
+
+def cycles(lock: Lock, n: int = 20) -> None:
+    for _ in range(n):
+        assert lock.acquire(timeout=TIMEOUT)
+        lock.release()
+
+
+def counting_client(redis_server, pool_class=redis.ConnectionPool, **options) -> redis.Redis:
+    pool = pool_class(
+        host="127.0.0.1", port=redis_server.port, connection_class=MadeConnection, **options
+    )
+    return redis.Redis(connection_pool=pool)
+
+
+def in_thread(function) -> list:
+    """Run ``function`` in a new thread to its end; what it returned, in a list."""
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(function()))
+    thread.start()
+    thread.join(TIMEOUT)
+    return result
+
+
+@pytest.fixture(autouse=True)
+def scripts_loaded(redis_client):
+    cycles(Lock("kept-warm-up", ttl=5, redis=redis_client), 1)
+
+
+def test_a_thread_keeps_the_connection_its_pool_lent_and_gives_it_back_when_it_ends(
     redis_server, redis_client
 ):
-    pool = redis.ConnectionPool(
-        host="127.0.0.1", port=redis_server.port, connection_class=MadeConnection
-    )
-    client = redis.Redis(connection_pool=pool)
+    client = counting_client(redis_server)
     lock = Lock("kept", ttl=5, redis=client)
-    cycles(lock, 1)  # the scripts loaded, the main thread's connection made
-    main_connection = kept_connection_id(lock)
-    made = MadeConnection.made
-    cycled, finish = threading.Event(), threading.Event()
-    worker_connection: list[int] = []
 
-    def worker() -> None:
+    def worker() -> tuple[int, int, int]:
+        cycles(lock, 1)
+        first, made = kept_connection_id(lock), MadeConnection.made
         cycles(lock)
-        worker_connection.append(kept_connection_id(lock))
-        cycled.set()
-        finish.wait(TIMEOUT)
+        # 20 cycles more on the same connection, and none borrowed or made meanwhile
+        assert kept_connection_id(lock) == first and MadeConnection.made == made
+        return first, made, threading.get_ident()
 
-    thread = threading.Thread(target=worker)
-    thread.start()
-    assert cycled.wait(TIMEOUT)
-    # 20 cycles on one new connection, the thread's own (the pool lent none)
-    assert MadeConnection.made == made + 1
-    assert worker_connection[0] != main_connection
-    assert worker_connection[0] in client_ids(redis_client)
-    finish.set()
-    thread.join(TIMEOUT)
-    gc.collect()
-    wait_until(
-        lambda: worker_connection[0] not in client_ids(redis_client),
-        what="the ended thread's connection closed",
-    )
-    cycles(lock)  # the main thread's connection is still its own
-    assert kept_connection_id(lock) == main_connection
-    assert MadeConnection.made == made + 1
+    [(first, made, _)] = in_thread(worker)
+    gc.collect()  # (the ended thread's locals)
+    [(again, made_again, _)] = in_thread(worker)
+    assert again == first, "the ended thread did not give its connection back to the pool"
+    assert made_again == made
     client.close()
 
 
-def test_a_forked_child_makes_its_own_connection_and_leaves_the_parents_open(
-    redis_server, redis_client
-):
-    lock = Lock("kept-fork", ttl=5)
+def test_a_forked_child_takes_one_connection_not_one_per_call(redis_server, redis_client):
+    client = counting_client(redis_server)
+    lock = Lock("kept-fork", ttl=5, redis=client)
     cycles(lock, 1)
     parent_connection = kept_connection_id(lock)
     ctx = multiprocessing.get_context("fork")
     done = ctx.Queue()
-    # (the child inherits this thread's kept connection and must not use or shut it)
-    child = ctx.Process(target=lambda: (cycles(lock), done.put(lock.fence)))
-    child.start()
-    child_fence = done.get(timeout=TIMEOUT)
-    child.join(TIMEOUT)
-    assert child.exitcode == 0 and child_fence
+
+    def child() -> None:
+        made = MadeConnection.made
+        cycles(lock, 50)
+        done.put((MadeConnection.made - made, lock.fence))
+
+    process = ctx.Process(target=child)
+    process.start()
+    made_in_child, child_fence = done.get(timeout=TIMEOUT)
+    process.join(TIMEOUT)
+    assert process.exitcode == 0 and made_in_child == 1
+    # (the child inherited this thread's connection and neither used nor shut it)
     assert parent_connection in client_ids(redis_client)
     cycles(lock)
-    assert kept_connection_id(lock) == parent_connection  # not reconnected
+    assert kept_connection_id(lock) == parent_connection
     assert lock.fence > child_fence
+    client.close()
 
 
-def test_a_call_nested_in_a_call_on_the_kept_connection_borrows_from_the_pool(
-    redis_server, redis_client
-):
-    cycles(Lock("kept-nested", ttl=5, redis=redis_client), 1)  # the scripts loaded
-    pool = redis.ConnectionPool(
-        host="127.0.0.1", port=redis_server.port, connection_class=MadeConnection
-    )
-    client = redis.Redis(connection_pool=pool)
+def test_a_call_nested_in_a_call_on_the_kept_connection_borrows_from_the_pool(redis_server):
+    client = counting_client(redis_server)
     lock = Lock("kept-nested", ttl=5, redis=client)
     cycles(lock, 1)
     kept = lock.backend.transport._kept
-    made = MadeConnection.made
     kept.busy = True  # as while a call is under way on it (a finalizer runs a release)
     try:
         cycles(lock, 3)
         assert kept.busy, "the nested calls used the connection in use"
-        assert MadeConnection.made == made + 1  # the pool's first, lent to each call
     finally:
         kept.busy = False
+    client.close()
+
+
+def test_threads_keep_no_connection_of_a_pool_whose_callers_wait_for_one(redis_server):
+    client = counting_client(
+        redis_server, redis.BlockingConnectionPool, max_connections=2, timeout=TIMEOUT
+    )
+    lock_name, alive, done = "kept-blocking", threading.Event(), []
+    made = MadeConnection.made
+
+    def worker() -> None:
+        cycles(Lock(lock_name, ttl=5, timeout=TIMEOUT, redis=client), 10)
+        done.append(1)
+        alive.wait(TIMEOUT)  # (alive: a connection it kept would stay taken)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(int(TIMEOUT * 100)):
+            if len(done) == len(threads):
+                break
+            threading.Event().wait(0.01)
+        assert len(done) == len(threads), "threads waited for a connection others kept"
+    finally:
+        alive.set()
+        for thread in threads:
+            thread.join(TIMEOUT)
+    assert MadeConnection.made - made <= 2
+    client.close()
+
+
+def test_threads_keep_at_most_half_of_a_bounded_pool(redis_server):
+    client = counting_client(redis_server, max_connections=4)
+    lock = Lock("kept-bounded", ttl=5, timeout=TIMEOUT, redis=client)
+    made = MadeConnection.made
+    one_at_a_time, ready, alive = threading.Lock(), threading.Barrier(5), threading.Event()
+
+    def worker() -> None:
+        with one_at_a_time:  # (never more callers at once than the pool holds)
+            cycles(lock, 5)
+        ready.wait(TIMEOUT)
+        alive.wait(TIMEOUT)  # (alive: what it kept stays kept)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    ready.wait(TIMEOUT)
+    try:
+        # Four threads alive that took locks: had each kept a connection, the pool
+        # would have none left to lend ("Too many connections").
+        cycles(lock, 5)
+    finally:
+        alive.set()
+        for thread in threads:
+            thread.join(TIMEOUT)
+    assert MadeConnection.made - made <= 4
     client.close()
 
 

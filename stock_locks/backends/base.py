@@ -271,16 +271,8 @@ class LockBackend(Protocol):
         """Reset ``token``'s lease to ``ttl_ms`` (never past ``max_hold_ms`` from the
         grant when that is not 0)."""
 
-    def lock_wait(
-        self, spec: LockSpec, seconds: float, token: str | None = None, count: int = 0
-    ) -> Operation[bool | Attempt]:
-        """Sleep until a release wakes the caller (True) or ``seconds`` pass (False).
-
-        Given the waiting acquire's ``token`` (and its ``count``, as ``lock_try``), a
-        backend may make that acquire's next try itself at the wake-up (``waited``)
-        and answer its :class:`Attempt`: the wake-up and the grant in one round
-        trip. After False such a try may still have run (its reply lost to the
-        deadline): the caller's next try, with the same token, finds its grant."""
+    def lock_wait(self, spec: LockSpec, seconds: float) -> Operation[bool]:
+        """Sleep until a release wakes the caller (True) or ``seconds`` pass (False)."""
 
     def lock_inspect(self, name: str, keys: Any) -> Operation[LockInfo | None]:
         """Who holds lock ``name`` now (one atomic read), or None."""

@@ -319,9 +319,17 @@ class LockCore(GuardCore):
         ops, spec = self._ops, self.spec
         reentry = self.reentrant and hold.count > 0
         token, count = (cast(str, hold.token), hold.count) if reentry else (_new_token(), 0)
+        # (a backend that can make the next try at the wake-up: lock_wait_try)
+        wait_try = getattr(ops, "lock_wait_try", None)
+
+        def wait(seconds: float) -> Call[Any]:
+            if wait_try is None:
+                return call(ops.lock_wait, spec, seconds)
+            return call(wait_try, spec, seconds, token, count)
+
         attempt = yield from lease.acquire(
             lambda patience, waited: call(ops.lock_try, spec, token, count, waited, hold),
-            lambda seconds: call(ops.lock_wait, spec, seconds, token, count),
+            wait,
             blocking=blocking,
             timeout=timeout,
             default_wait=self.ttl,
@@ -425,8 +433,7 @@ class LockCore(GuardCore):
         return call(self._ops.lock_release, self.spec, token, count, ReleaseMode(mode))
 
     def _wait_call(self, seconds: float) -> Call[bool]:
-        # (without a token no backend tries at the wake-up: the answer is a bool)
-        return cast(Call[bool], call(self._ops.lock_wait, self.spec, seconds))
+        return call(self._ops.lock_wait, self.spec, seconds)
 
     # -- bookkeeping (no I/O) ----------------------------------------------------------------
 

@@ -179,6 +179,11 @@ locked = _decorator("locked")
 limit_concurrency = _decorator("limit_concurrency")
 
 
+def is_verb(verb: str | None, operation: str) -> bool:
+    """Whether a call's ``verb`` is ``operation`` or a variant of it (``lock_wait_try``)."""
+    return verb is not None and (verb == operation or verb.startswith(operation + "_"))
+
+
 def waiting_in(thread: threading.Thread, operation: str) -> bool:
     """Async mode: whether ``thread``'s actor task awaits the backend's ``operation``
     (an ``aexecute`` of a call of that verb, down its chain of awaits)."""
@@ -196,7 +201,7 @@ def waiting_in(thread: threading.Thread, operation: str) -> bool:
                 return False
             if frame.f_code.co_name == "aexecute":
                 call = frame.f_locals.get("pending")
-                if getattr(call, "verb", None) == operation:
+                if is_verb(getattr(call, "verb", None), operation):
                     return True
             awaited = awaited.cr_await
         return False

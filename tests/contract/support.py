@@ -63,16 +63,17 @@ def backends_configured(backends: dict[str, Any]) -> Iterator[None]:
 
 
 def sleeping_in(thread: threading.Thread, operation: str) -> bool:
-    """Whether ``thread`` is inside a backend's ``operation`` (e.g. ``"lock_wait"``):
-    in the backend's ``execute`` of a call of that verb (in the async mode: its
-    actor task awaits the backend's ``aexecute`` of one)."""
+    """Whether ``thread`` is inside a backend's ``operation`` (e.g. ``"lock_wait"``, or
+    a variant of it such as ``"lock_wait_try"``): in the backend's ``execute`` of a
+    call of that verb (in the async mode: its actor task awaits the backend's
+    ``aexecute`` of one)."""
     if modes.mode() == "async":
         return modes.waiting_in(thread, operation)
     frame = sys._current_frames().get(thread.ident or -1)
     while frame is not None:
         if frame.f_code.co_name == "execute":
             call = frame.f_locals.get("pending")
-            if getattr(call, "verb", None) == operation:
+            if modes.is_verb(getattr(call, "verb", None), operation):
                 return True
         frame = frame.f_back
     return False

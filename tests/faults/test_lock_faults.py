@@ -422,6 +422,34 @@ def test_a_waiter_whose_wake_up_reply_is_lost_finds_the_grant_it_carried(
     assert Lock("swallowed", ttl=10, timeout=0, redis=redis_client).acquire()
 
 
+def test_a_waiter_that_gave_up_is_never_granted_by_the_try_its_wait_carried(
+    redis_server, redis_client, fault_proxy
+):
+    """A waiter's try rides behind its BLPOP. It times out and drops that connection,
+    but the server learns of the close late: the release pops the signal for the
+    dead connection, and the try behind it runs. The waiter gave its token back when
+    it gave up, so that try is refused: the lock stays free, not held by nobody."""
+    _load_scripts(redis_client)
+    proxy = fault_proxy(redis_server.port)
+    holder = Lock("gave-up", ttl=300, redis=redis_client)
+    assert holder.acquire(timeout=0)
+    waiter = Lock("gave-up", ttl=300, redis=client_through(proxy.url))
+    proxy.hold_closes()
+    assert waiter.acquire(timeout=0.5) is False  # (a wall-clock wait: the timeout itself)
+    assert blocked_clients(redis_client) == 1  # its BLPOP, still open on the server
+    evalsha = commandstats(redis_client)["cmdstat_evalsha"]
+    holder.release()  # pops the signal for the dead connection: its try runs now
+    wait_until(
+        lambda: commandstats(redis_client)["cmdstat_evalsha"] == evalsha + 2,
+        what="the release and the try behind the dead BLPOP",
+    )
+    proxy.pass_closes()
+    assert not held(redis_client, "sl:lock:{gave-up}")
+    other = Lock("gave-up", ttl=10, timeout=0, redis=redis_client)
+    assert other.acquire() and other.fence > holder.fence
+    other.release()
+
+
 # -- 5. fences across a restore from an older snapshot ---------------------------------------------
 
 

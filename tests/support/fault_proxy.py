@@ -94,6 +94,8 @@ class FaultProxy:
         self._swallow: list[bytes] = []  # swallow the reply to the next request matching each
         self._flowing = threading.Event()
         self._flowing.set()
+        self._closes = threading.Event()  # cleared: a client's close reaches the server later
+        self._closes.set()
         self._closed = False
         self.held_requests = 0  # requests held back by a stall right now
         self.lost = 0  # replies dropped so far
@@ -135,12 +137,22 @@ class FaultProxy:
         with self._lock:
             return sum(1 for pair in self._pairs if pair.swallowing and not pair.closed)
 
+    def hold_closes(self) -> None:
+        """A client that closes its connection from now on: the server sees the close
+        only at :meth:`pass_closes` (a FIN held up on the way, a proxy or a TLS
+        terminator slow to pass it on); until then that connection stays open there."""
+        self._closes.clear()
+
+    def pass_closes(self) -> None:
+        self._closes.set()
+
     def cancel_faults(self) -> None:
-        """Forget reply losses not yet fired, and resume a stall."""
+        """Forget reply losses not yet fired, and resume a stall and held closes."""
         with self._lock:
             self._patterns.clear()
             self._swallow.clear()
         self.resume()
+        self.pass_closes()
 
     def stall(self) -> None:
         """Stop forwarding in both directions (bytes wait) until :meth:`resume`."""
@@ -159,6 +171,7 @@ class FaultProxy:
     def close(self) -> None:
         self._closed = True
         self.resume()
+        self.pass_closes()
         with contextlib.suppress(OSError):
             self._listener.close()
         self.cut()
@@ -196,6 +209,7 @@ class FaultProxy:
             except OSError:
                 data = b""
             if not data:
+                self._closes.wait()
                 pair.close()
                 return
             self._hold_while_stalled()

@@ -69,6 +69,7 @@ from .protocol import (
     token_of,
 )
 from .requests import (
+    UNKNOWN,
     Blocking,
     Command,
     Pop,
@@ -293,23 +294,35 @@ class RedisBackend(Backend):
             (yield from script(scripts.LOCK_EXTEND, extend_keys(spec.keys), argv))
         )
 
-    def lock_wait(
-        self, spec: LockSpec, seconds: float, token: str | None = None, count: int = 0
-    ) -> Operation[bool | Attempt]:
-        """On a plain server, the waiter's next try is sent behind its ``BLPOP`` on the
-        same connection, so the server runs it as soon as a release pops the signal
-        (``PopThen``): no client round trip between the wake-up and the try. Not
-        with ``REPLICAS`` (a grant must be confirmed by ``WAIT`` on its connection)."""
+    def lock_wait(self, spec: LockSpec, seconds: float) -> Operation[bool]:
+        return (yield Pop(spec.keys.signal, seconds)) is not None
+
+    def lock_wait_try(
+        self, spec: LockSpec, seconds: float, token: str, count: int
+    ) -> Operation[Attempt | bool | None]:
+        """:meth:`lock_wait`, with the waiting acquire's next try (``token``, ``count``,
+        waited) sent behind its ``BLPOP`` on the same connection (``PopThen``): Redis
+        runs it as soon as a release pops the signal, so the wake-up and the grant
+        take one round trip. That try's :class:`Attempt`; True or False (woken, or
+        not in time) when no try ran; None when one may have run or may still run
+        with its reply lost (the deadline dropped the connection just as the pop
+        was served; the connection broke after the pop): the caller's next try,
+        with the same token, finds a grant that ran, and an acquire that gives up
+        must give the token back (one still to run is then refused). With
+        ``REPLICAS`` a plain wait (a grant is confirmed by ``WAIT`` on its own
+        connection)."""
         assert isinstance(spec, RedisLockSpec)
-        if token is None or self._replicas():
-            return (yield Pop(spec.keys.signal, seconds)) is not None
+        if self._replicas():
+            return (yield from self.lock_wait(spec, seconds))
         argv = acquire_argv(
             token, spec.ttl_ms, count, holder_argv(spec.caller, spec.watchdog), True
         )
         then = Script(scripts.LOCK_ACQUIRE, spec.acquire_keys, argv, spec.acquire_head)
         popped, reply = yield PopThen(spec.keys.signal, seconds, then)
+        if reply is UNKNOWN:
+            return None
         if reply is None or isinstance(reply, NoScriptError):
-            return popped is not None  # (no try known to have run: the caller makes it)
+            return popped is not None  # (no try ran: the caller makes it)
         if isinstance(reply, BaseException):
             raise reply
         return self._attempt(spec, token, reply)

@@ -86,13 +86,18 @@ class Pop(NamedTuple):
     seconds: float
 
 
+# PopThen's reply when ``then`` was sent and may have run (or may still run) with its
+# reply lost: the wait's deadline dropped the connection, a failover cut the wait, the
+# connection broke after the pop.
+UNKNOWN = type("Unknown", (), {"__repr__": lambda self: "UNKNOWN"})()
+
+
 class PopThen(NamedTuple):
-    """:class:`Pop`, then ``then`` (a script) run by the server at once after the pop, on
-    the same connection, where the transport can (a plain server): (what was popped
-    or None, the script's reply or its error reply; None when the script was not
-    sent or its reply is not known). A wait whose deadline passed drops the
-    connection: the script may still have run (the pop landed just then) and its
-    reply is lost, so its caller must make it again when that is not safe to miss."""
+    """:class:`Pop`, then ``then`` (a script) sent behind the ``BLPOP`` on the same
+    connection, which the server runs as soon as the pop is served: (what was
+    popped, or None; the script's reply or its error reply as an exception object,
+    None when it was not sent (a client without a pool; under asyncio, whose waits
+    go through one listener) or :data:`UNKNOWN`)."""
 
     key: str
     seconds: float

@@ -7,10 +7,9 @@ its own for a bounded request. The policies (NOSCRIPT, redirects, what a lost
 reply means) are the requests module's.
 
 A script runs on a connection the calling thread keeps (:class:`KeptConnections`),
-made like the client's pool makes its connections but not lent by it: a lock's
-acquire and release then skip the pool's bookkeeping (a lock, a health check,
-metrics), about as long as the script itself takes in Redis. Each thread that
-runs scripts holds one more connection to Redis, closed when the thread ends.
+lent once by the client's pool and kept while the thread lives: a lock's acquire
+and release then skip the pool's bookkeeping on every call (a lock, a health
+check, metrics), which costs about as long as the script itself takes in Redis.
 
 A bounded request (a clean-up after an interrupted call, a repeat after a lost
 reply) must not hang the caller in turn: the pooled connections may have no
@@ -58,7 +57,8 @@ class RedisTransport:
         self.cluster = is_cluster(client)
         self._by_type = rq.dispatch(self, bounded=False)
         self._bounded_by_type = rq.dispatch(self, bounded=True)
-        self._kept = KeptConnections(client)
+        pool = getattr(client, "connection_pool", None)
+        self._kept = KeptConnections(pool, _Lending(pool))
 
     def perform(self, request: Any) -> Any:
         """Perform one request; its reply (an error reply raised)."""
@@ -112,17 +112,13 @@ class RedisTransport:
         return wait_for_item(self.client, request.key, request.seconds)
 
     def pop_then(self, request: rq.PopThen) -> tuple[bytes | None, Any]:
-        client = self.client
-        if type(client) is not _PLAIN_CLIENT or client.connection is not None:
-            return wait_for_item(client, request.key, request.seconds), None
         script, keys, argv, head, _ = request.then
-
-        def packed(connection: Any) -> list[bytes]:
-            if head is not None and connection.encoder.encoding == "utf-8":
-                return [head.pack(connection.encoder.encode, argv)]
-            return list(connection.pack_command("EVALSHA", script.sha, len(keys), *keys, *argv))
-
-        return wait_then_run(client.connection_pool, request.key, request.seconds, packed)
+        return wait_then_run(
+            self.client,
+            request.key,
+            request.seconds,
+            lambda conn: packed_evalsha(conn, script.sha, keys, argv, head),
+        )
 
     def refresh_routes(self, request: rq.RefreshRoutes) -> None:
         refresh_slot_map(self.client)
@@ -142,42 +138,92 @@ def _pipelined(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
     return list(pipe.execute(raise_on_error=False))
 
 
+class _Lending:
+    """How many of a pool's connections threads keep (:class:`KeptConnections`): at most
+    half the pool's bound, so that calls which borrow still find one; none from a
+    pool whose callers wait for a free connection (``BlockingConnectionPool``)."""
+
+    def __init__(self, pool: Any) -> None:
+        blocking = isinstance(pool, redis.BlockingConnectionPool)
+        usable = hasattr(pool, "owns_connection") and not blocking
+        self.limit = int(getattr(pool, "max_connections", 0) or 0) // 2 if usable else 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.pid, self.lock, self.count = os.getpid(), threading.Lock(), 0
+
+    def admit(self) -> bool:
+        if self.pid != os.getpid():
+            self._reset()  # a forked child keeps none of the parent's
+        with self.lock:
+            if self.count >= self.limit:
+                return False
+            self.count += 1
+            return True
+
+    def returned(self) -> None:
+        if self.pid == os.getpid():
+            with self.lock:
+                self.count = max(0, self.count - 1)
+
+
+class _Lent:
+    """One connection the pool lent a thread to keep; given back with the thread (when
+    its locals are dropped) or when :meth:`KeptConnections.take` replaces it."""
+
+    __slots__ = ("pool", "connection", "lending")
+
+    def __init__(self, pool: Any, connection: Any, lending: _Lending) -> None:
+        self.pool, self.connection, self.lending = pool, connection, lending
+
+    def __del__(self) -> None:
+        try:
+            self.lending.returned()
+            if self.connection.pid == os.getpid():  # (a forked child's pool was reset)
+                self.pool.release(self.connection)
+        except Exception:  # (interpreter shutdown)
+            pass
+
+
 class KeptConnections(threading.local):
-    """The connection each thread keeps for its scripts on a plain ``redis.Redis``:
-    made on first use by the client's pool's connection class from the pool's
-    arguments (Sentinel, TLS, a password, a database all follow), connected again
-    after it was closed, and made anew where the pool would drop it on its return
-    (``owns_connection``: a Sentinel pool that learned of a new primary), in a
-    forked child (the parent's socket is the parent's), and with the thread (its
-    finalizer closes it)."""
+    """The connection each thread keeps for its scripts on a plain ``redis.Redis``: lent
+    by the client's pool once (counted there, closed by its ``disconnect()``, reset in
+    a forked child) and kept while the thread lives, instead of borrowed and given
+    back on every call; given back when the thread ends, when a call on it failed,
+    and when the pool would not take it back as it is (``owns_connection``: a
+    Sentinel pool that learned of a new primary). ``busy`` while a call uses it: a
+    call nested in that one (a finalizer) borrows from the pool instead."""
 
-    connection: Any = None
-    busy = False  # a call uses it: a call nested in that one (a finalizer) borrows
+    lent: _Lent | None = None
+    busy = False
 
-    def __init__(self, client: Any) -> None:
-        self.pool: Any = getattr(client, "connection_pool", None)
+    def __init__(self, pool: Any, lending: _Lending) -> None:
+        self.pool, self.lending = pool, lending
 
     def take(self) -> Any:
-        """This thread's connection, marked busy (None: borrow one from the pool)."""
+        """This thread's connection, marked busy; None: borrow one from the pool."""
         if self.busy:
             return None
-        connection, pool = self.connection, self.pool
-        if connection is None or connection.pid != os.getpid():
-            connection = self.connection = self._make()
-        elif not pool.owns_connection(connection):
-            connection.disconnect()
-            connection = self.connection = self._make()
-        if connection is not None:
-            self.busy = True
-        return connection
+        lent, pool = self.lent, self.pool
+        if (
+            lent is None
+            or lent.connection.pid != os.getpid()
+            or not pool.owns_connection(lent.connection)
+        ):
+            self.lent = None
+            if not self.lending.admit():
+                return None
+            try:
+                lent = self.lent = _Lent(pool, pool.get_connection(), self.lending)
+            except BaseException:
+                self.lending.returned()
+                raise
+        self.busy = True
+        return lent.connection
 
-    def _make(self) -> Any:
-        pool = self.pool
-        make = getattr(pool, "connection_class", None)
-        arguments = getattr(pool, "connection_kwargs", None)
-        if make is None or arguments is None or not hasattr(pool, "owns_connection"):
-            return None
-        return make(**arguments)
+    def drop(self) -> None:
+        """Give this thread's connection back (a call on it failed)."""
+        self.lent = None
 
 
 def _evalsha_once(
@@ -194,43 +240,60 @@ def _evalsha_once(
     closes the connection and sends the call again through ``execute_command`` (the
     client's own retries): every script is safe to repeat. An error reply leaves the
     connection ready (READONLY aside); any other exception (an interrupt) closes it
-    too. A closed kept connection connects again on its next use."""
+    too, and a kept one closed is given back to the pool."""
     pool = client.connection_pool
-    conn: Any = kept.take()
-    borrowed = conn is None
-    if borrowed:
-        conn = pool.get_connection()
+    conn: Any = None
+    borrowed = False
     try:
-        if not borrowed:
-            # (as the pool does on lending one: a Sentinel-managed connection asks the
-            # sentinels for the primary there; sending on an unconnected one would dial
-            # the service name)
-            conn.connect()
-        if head is not None and conn.encoder.encoding == "utf-8":  # (the head's encoding)
-            conn.send_packed_command([head.pack(conn.encoder.encode, argv)])
+        conn = kept.take()
+        borrowed = conn is None
+        if borrowed:
+            conn = pool.get_connection()
         else:
-            conn.send_command("EVALSHA", sha, len(keys), *keys, *argv)
+            conn.connect()  # (what the pool does on lending: the pool may have closed it)
+        conn.send_packed_command(packed_evalsha(conn, sha, keys, argv, head))
         return conn.read_response()
     except (RedisConnectionError, RedisTimeoutError):
-        conn.disconnect()
+        if conn is None:
+            raise
+        _drop(conn, None if borrowed else kept)
     except ResponseError as exc:
         # (an error reply, read whole, e.g. NOSCRIPT: the connection is ready for its next
         # user. Dropping it would cost a reconnect, one that must ask the sentinels first;
         # READONLY says it reaches a replica now: dropped, the next one asks again)
-        if isinstance(exc, ReadOnlyError):
-            conn.disconnect()
+        if isinstance(exc, ReadOnlyError) and conn is not None:
+            _drop(conn, None if borrowed else kept)
         raise
     except BaseException:
         # (an interrupt mid-call: the reply may still come, and must not reach the
         # connection's next user; not every connection class drops itself then)
-        conn.disconnect()
+        if conn is not None:
+            _drop(conn, None if borrowed else kept)
         raise
     finally:
-        if borrowed:
-            pool.release(conn)
-        else:
-            kept.busy = False
+        if conn is not None:
+            if borrowed:
+                pool.release(conn)
+            else:
+                kept.busy = False
     return client.execute_command("EVALSHA", sha, len(keys), *keys, *argv)
+
+
+def _drop(conn: Any, kept: KeptConnections | None) -> None:
+    """Close ``conn``; a kept one is given back to its pool (closed) too."""
+    conn.disconnect()
+    if kept is not None:
+        kept.drop()
+
+
+def packed_evalsha(
+    conn: Any, sha: str, keys: Sequence[str], argv: Sequence[Any], head: CommandHead | None
+) -> list[bytes]:
+    """``EVALSHA`` in ``conn``'s wire format: ``head`` (packed once) and ARGV when the
+    connection encodes UTF-8 as the head does, else packed whole by the connection."""
+    if head is not None and conn.encoder.encoding == "utf-8":
+        return [head.pack(conn.encoder.encode, argv)]
+    return list(conn.pack_command("EVALSHA", sha, len(keys), *keys, *argv))
 
 
 def on_own_connection(client: Any, command: tuple[Any, ...], timeout: float) -> Any:

@@ -36,9 +36,11 @@ from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .cluster import blocking_cap, node_client, refresh_slot_map
 from .errors import NODE_ERRORS, STALE_ROUTE_ERRORS
+from .requests import UNKNOWN
 
 # How much later than the wanted wait the server's own BLPOP timeout is. The
 # client-side deadline always comes first; the server timeout only frees the
@@ -80,14 +82,29 @@ def wait_for_item(client: Any, key: str, seconds: float) -> bytes | None:
     """:func:`wait_for_signal` that returns what it popped: the element, or None when
     ``seconds`` passed first. On a cluster, a wait cut by a failover or a stale slot
     map returns ``b""`` (nothing popped: the caller looks again)."""
+    return wait_then_run(client, key, seconds, None)[0]
+
+
+def wait_then_run(
+    client: Any, key: str, seconds: float, then: Callable[[Any], list[bytes]] | None
+) -> tuple[bytes | None, Any]:
+    """:func:`wait_for_item`, with a command sent behind the ``BLPOP`` on the same
+    connection (``then(connection)``: its wire format; None: none), which the server
+    runs as soon as the pop is served: (what :func:`wait_for_item` returns, the
+    command's reply or its error reply as an exception object). The reply is None
+    when no command was sent (a client without a pool: ``_plain_blpop``), and
+    ``requests.UNKNOWN`` when one was and may have run, or may still run, with its
+    reply lost: the deadline passed (the connection is dropped, and a server that
+    sees the close late may serve the pop first), the wait was cut by a failover,
+    or the connection broke after the pop."""
     seconds = max(float(seconds), MIN_WAIT)
     pool = _pool_for(client, key)
     if pool is None:
-        return _plain_blpop(client, key, seconds)
+        return _plain_blpop(client, key, seconds), None
     deadline = time.monotonic() + seconds
     for attempt in range(2):
         try:
-            return _blpop(pool, key, max(deadline - time.monotonic(), MIN_WAIT))
+            return _blpop(pool, key, max(deadline - time.monotonic(), MIN_WAIT), then)
         except NODE_ERRORS:
             refresh_slot_map(client)
             raise
@@ -96,69 +113,29 @@ def wait_for_item(client: Any, key: str, seconds: float) -> bytes | None:
             if not unblocked and not isinstance(exc, STALE_ROUTE_ERRORS):
                 raise
             refresh_slot_map(client)
-            if unblocked or attempt:
-                return b""  # cut by a failover: the holder may have changed, look again
+            if unblocked or attempt:  # cut by a failover: the holder may have changed, look again
+                return b"", (None if then is None else UNKNOWN)
         # Sent to a node that no longer serves the key (a stale slot map): once more,
         # to the node the fresh map names, for what is left of the wait.
         if deadline <= time.monotonic():
-            return None
+            return None, (None if then is None else UNKNOWN)
         pool = _pool_for(client, key)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _blpop(pool: Any, key: str, seconds: float) -> bytes | None:
-    deadline = time.monotonic() + seconds
-    server_timeout = f"{seconds + SERVER_MARGIN:.3f}"
-    for attempt in range(2):
-        connection = pool.get_connection()
-        try:
-            try:
-                connection.send_command("BLPOP", key, server_timeout)
-            except RedisConnectionError:
-                # A pooled connection the server closed meanwhile: one fresh try.
-                connection.disconnect()
-                if attempt:
-                    raise
-                continue
-            return _await_reply(connection, deadline)
-        except BaseException:
-            connection.disconnect()
-            raise
-        finally:
-            pool.release(connection)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _await_reply(connection: Any, deadline: float) -> bytes | None:
-    """The popped element if the BLPOP reply comes before ``deadline``; else drop the
-    connection."""
-    if not _reply_before(connection, deadline):
-        return None
-    reply = connection.read_response()
-    return None if reply is None else _as_bytes(reply[1])
-
-
-def wait_then_run(
-    pool: Any, key: str, seconds: float, packed: Callable[[Any], list[bytes]]
+def _blpop(
+    pool: Any, key: str, seconds: float, then: Callable[[Any], list[bytes]] | None
 ) -> tuple[bytes | None, Any]:
-    """:func:`wait_for_item` on a plain server's ``pool``, with a command sent behind the
-    ``BLPOP`` on the same connection (``packed(connection)``: its wire format), which
-    the server runs as soon as the pop is served: (the popped element or None, the
-    command's reply or its error reply as an exception object).
-
-    When the deadline passes first the connection is dropped: (None, None), and the
-    command may still have run (the pop was served just then) with its reply lost. A
-    wait cut by a failover (``UNBLOCKED``): (``b""``, None), the command's outcome
-    unknown too. Raises as :func:`wait_for_item`."""
-    seconds = max(float(seconds), MIN_WAIT)
     deadline = time.monotonic() + seconds
     server_timeout = f"{seconds + SERVER_MARGIN:.3f}"
     for attempt in range(2):
         connection = pool.get_connection()
         try:
             try:
-                blpop = connection.pack_command("BLPOP", key, server_timeout)
-                connection.send_packed_command([*blpop, *packed(connection)])
+                command = connection.pack_command("BLPOP", key, server_timeout)
+                connection.send_packed_command(
+                    command if then is None else [*command, *then(connection)]
+                )
             except RedisConnectionError:
                 # A pooled connection the server closed meanwhile: one fresh try.
                 connection.disconnect()
@@ -166,19 +143,20 @@ def wait_then_run(
                     raise
                 continue
             if not _reply_before(connection, deadline):
-                return None, None
+                return None, (None if then is None else UNKNOWN)
+            # (an error reply here is raised, and the connection dropped below: the
+            # command's reply is still to come)
+            reply = connection.read_response()
+            popped = None if reply is None else _as_bytes(reply[1])
+            if then is None:
+                return popped, None
             try:
-                popped = connection.read_response()
+                return popped, connection.read_response()
             except ResponseError as exc:
-                if not str(exc).startswith(UNBLOCKED):
-                    raise
-                connection.disconnect()  # (the command's reply is still to come)
-                return b"", None
-            try:
-                reply = connection.read_response()
-            except ResponseError as exc:
-                reply = exc
-            return (None if popped is None else _as_bytes(popped[1])), reply
+                return popped, exc
+            except (RedisConnectionError, RedisTimeoutError):
+                connection.disconnect()
+                return popped, UNKNOWN
         except BaseException:
             connection.disconnect()
             raise

@@ -344,9 +344,7 @@ class RedLockBackend(Backend):
                 outcomes.append(exc)
         return outcomes
 
-    def lock_wait(
-        self, spec: LockSpec, seconds: float, token: str | None = None, count: int = 0
-    ) -> Operation[bool]:
+    def lock_wait(self, spec: LockSpec, seconds: float) -> Operation[bool]:
         count = len(self.clients)
         home = key_slot(spec.keys.lock) % count
         deadline = time.monotonic() + seconds

@@ -316,9 +316,7 @@ class ZooKeeperBackend(Backend):
         return Attempt(True, fence=grant.czxid, count=count + 1)
 
     @zookeeper_operation
-    def lock_wait(
-        self, spec: LockSpec, seconds: float, token: str | None = None, count: int = 0
-    ) -> bool:
+    def lock_wait(self, spec: LockSpec, seconds: float) -> bool:
         """Queue behind the holder and sleep until this thread's child is first (True)
         or ``seconds`` pass (False). Watches only the child just before its own; the
         next :meth:`lock_try` of the same token finds the queued child."""
