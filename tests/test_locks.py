@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import redis
@@ -320,26 +322,40 @@ def _hold_until(name: str, acquired, release) -> None:
         release.wait(TIMEOUT)
 
 
-def test_waiter_is_woken_by_the_release_not_by_the_lease(redis_client):
+def _wait_behind_a_holder(
+    name: str, waiter: Lock, redis_client, while_blocked: Callable[[], Any] = lambda: None
+) -> list[bool]:
+    """A holder of ``name`` in another process (a 300 s lease); ``waiter.acquire()`` in a
+    thread until it sleeps in BLPOP; ``while_blocked()``; the holder's release; what the
+    acquire returned, once both ended."""
     acquired, release = event(), event()
-    holder = start_process(_hold_until, "handoff", acquired, release)
+    holder = start_process(_hold_until, name, acquired, release)
     assert acquired.wait(TIMEOUT)
     result: list[bool] = []
-    waiter = threading.Thread(
-        target=lambda: result.append(Lock("handoff", ttl=5, timeout=TIMEOUT).acquire())
-    )
-    waiter.start()
-    # The waiter sleeps inside BLPOP (it is not polling)...
+    thread = threading.Thread(target=lambda: result.append(waiter.acquire()))
+    thread.start()
     wait_until(lambda: blocked_clients(redis_client) == 1, what="waiter blocked in BLPOP")
-    evalsha_while_blocked = commandstats(redis_client)["cmdstat_evalsha"]
+    while_blocked()
     release.set()
-    waiter.join(TIMEOUT)
+    thread.join(TIMEOUT)
     holder.join(TIMEOUT)
+    return result
+
+
+def test_waiter_is_woken_by_the_release_not_by_the_lease(redis_client):
+    evalsha: list[int] = []
+    result = _wait_behind_a_holder(
+        "handoff",
+        Lock("handoff", ttl=5, timeout=TIMEOUT),
+        redis_client,
+        # The waiter sleeps inside BLPOP (it is not polling)...
+        lambda: evalsha.append(commandstats(redis_client)["cmdstat_evalsha"]),
+    )
     # ...and was granted although the holder's lease (300 s) is far longer than
     # its own timeout: only the release can have woken it.
     assert result == [True]
     # One refused try before blocking, then: the holder's release and its grant.
-    assert commandstats(redis_client)["cmdstat_evalsha"] == evalsha_while_blocked + 2
+    assert commandstats(redis_client)["cmdstat_evalsha"] == evalsha[0] + 2
 
 
 class SendCounting(redis.Connection):
@@ -353,43 +369,29 @@ class SendCounting(redis.Connection):
 
 
 def test_a_woken_waiter_is_granted_without_a_round_trip_of_its_own(redis_server, redis_client):
-    acquired, release = event(), event()
-    holder = start_process(_hold_until, "piggyback", acquired, release)
-    assert acquired.wait(TIMEOUT)
     pool = redis.ConnectionPool(
         host="127.0.0.1", port=redis_server.port, connection_class=SendCounting
     )
-    waiter_lock = Lock("piggyback", ttl=5, timeout=TIMEOUT, redis=redis.Redis(connection_pool=pool))
-    result: list[bool] = []
-    waiter = threading.Thread(target=lambda: result.append(waiter_lock.acquire()))
-    waiter.start()
-    wait_until(lambda: blocked_clients(redis_client) == 1, what="waiter blocked in BLPOP")
-    sent_while_blocked = SendCounting.sent
-    release.set()
-    waiter.join(TIMEOUT)
-    holder.join(TIMEOUT)
+    waiter = Lock("piggyback", ttl=5, timeout=TIMEOUT, redis=redis.Redis(connection_pool=pool))
+    sent: list[int] = []
+    result = _wait_behind_a_holder(
+        "piggyback", waiter, redis_client, lambda: sent.append(SendCounting.sent)
+    )
     # Its next try left with its BLPOP: the server ran it at the wake-up.
-    assert SendCounting.sent == sent_while_blocked
-    assert result == [True] and waiter_lock.owned()
-    waiter_lock.release()
+    assert SendCounting.sent == sent[0]
+    assert result == [True] and waiter.owned()
+    waiter.release()
 
 
 def test_a_waiter_whose_try_finds_the_scripts_gone_tries_again_with_their_source(
     redis_client,
 ):
-    acquired, release = event(), event()
-    holder = start_process(_hold_until, "flushed", acquired, release)
-    assert acquired.wait(TIMEOUT)
-    result: list[bool] = []
-    waiter = threading.Thread(
-        target=lambda: result.append(Lock("flushed", ttl=5, timeout=TIMEOUT).acquire())
+    result = _wait_behind_a_holder(
+        "flushed",
+        Lock("flushed", ttl=5, timeout=TIMEOUT),
+        redis_client,
+        redis_client.script_flush,  # (the try behind its BLPOP will answer NOSCRIPT)
     )
-    waiter.start()
-    wait_until(lambda: blocked_clients(redis_client) == 1, what="waiter blocked in BLPOP")
-    redis_client.script_flush()  # (the try behind its BLPOP will answer NOSCRIPT)
-    release.set()
-    waiter.join(TIMEOUT)
-    holder.join(TIMEOUT)
     assert result == [True]
 
 

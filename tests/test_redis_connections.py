@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import threading
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -130,31 +131,41 @@ def test_a_call_nested_in_a_call_on_the_kept_connection_borrows_from_the_pool(re
     client.close()
 
 
-def test_threads_keep_no_connection_of_a_pool_whose_callers_wait_for_one(redis_server):
-    client = counting_client(
-        redis_server, redis.BlockingConnectionPool, max_connections=2, timeout=TIMEOUT
-    )
-    lock_name, alive, done = "kept-blocking", threading.Event(), []
-    made = MadeConnection.made
+def while_alive(count: int, work: Callable[[], None], then: Callable[[], None]) -> None:
+    """``work()`` in ``count`` threads which stay alive (what they keep stays kept) until
+    every one has done it and ``then()`` has run here. A worker that never gets through
+    (one waiting for a connection others keep) breaks the barrier: BrokenBarrierError."""
+    ready, alive = threading.Barrier(count + 1), threading.Event()
 
     def worker() -> None:
-        cycles(Lock(lock_name, ttl=5, timeout=TIMEOUT, redis=client), 10)
-        done.append(1)
-        alive.wait(TIMEOUT)  # (alive: a connection it kept would stay taken)
+        work()
+        ready.wait(TIMEOUT)
+        alive.wait(TIMEOUT)
 
-    threads = [threading.Thread(target=worker) for _ in range(6)]
+    threads = [threading.Thread(target=worker) for _ in range(count)]
     for thread in threads:
         thread.start()
     try:
-        for _ in range(int(TIMEOUT * 100)):
-            if len(done) == len(threads):
-                break
-            threading.Event().wait(0.01)
-        assert len(done) == len(threads), "threads waited for a connection others kept"
+        ready.wait(TIMEOUT)
+        then()
     finally:
         alive.set()
         for thread in threads:
             thread.join(TIMEOUT)
+
+
+def test_threads_keep_no_connection_of_a_pool_whose_callers_wait_for_one(redis_server):
+    client = counting_client(
+        redis_server, redis.BlockingConnectionPool, max_connections=2, timeout=TIMEOUT
+    )
+    made = MadeConnection.made
+    # Six threads alive that took locks: had they kept connections, the later ones
+    # would wait for one until their timeout.
+    while_alive(
+        6,
+        lambda: cycles(Lock("kept-blocking", ttl=5, timeout=TIMEOUT, redis=client), 10),
+        lambda: None,
+    )
     assert MadeConnection.made - made <= 2
     client.close()
 
@@ -163,26 +174,15 @@ def test_threads_keep_at_most_half_of_a_bounded_pool(redis_server):
     client = counting_client(redis_server, max_connections=4)
     lock = Lock("kept-bounded", ttl=5, timeout=TIMEOUT, redis=client)
     made = MadeConnection.made
-    one_at_a_time, ready, alive = threading.Lock(), threading.Barrier(5), threading.Event()
+    one_at_a_time = threading.Lock()
 
-    def worker() -> None:
+    def work() -> None:
         with one_at_a_time:  # (never more callers at once than the pool holds)
             cycles(lock, 5)
-        ready.wait(TIMEOUT)
-        alive.wait(TIMEOUT)  # (alive: what it kept stays kept)
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    ready.wait(TIMEOUT)
-    try:
-        # Four threads alive that took locks: had each kept a connection, the pool
-        # would have none left to lend ("Too many connections").
-        cycles(lock, 5)
-    finally:
-        alive.set()
-        for thread in threads:
-            thread.join(TIMEOUT)
+    # Four threads alive that took locks: had each kept a connection, the pool would
+    # have none left to lend this thread ("Too many connections").
+    while_alive(4, work, lambda: cycles(lock, 5))
     assert MadeConnection.made - made <= 4
     client.close()
 

@@ -146,6 +146,8 @@ class LockCore(GuardCore):
             self.ttl, ttl_ms = self.max_hold, self.max_hold_ms
         self.caller = caller or caller_of(sys._getframe(1))
         self._ops = lock_backend(self.backend)
+        # (a backend that can make a waiter's next try at its wake-up)
+        self._wait_try = getattr(self._ops, "lock_wait_try", None)
         try:
             self.spec: LockSpec = self._ops.lock_spec(
                 name, ttl_ms=ttl_ms, caller=self.caller, watchdog=self.watchdog
@@ -319,8 +321,7 @@ class LockCore(GuardCore):
         ops, spec = self._ops, self.spec
         reentry = self.reentrant and hold.count > 0
         token, count = (cast(str, hold.token), hold.count) if reentry else (_new_token(), 0)
-        # (a backend that can make the next try at the wake-up: lock_wait_try)
-        wait_try = getattr(ops, "lock_wait_try", None)
+        wait_try = self._wait_try
 
         def wait(seconds: float) -> Call[Any]:
             if wait_try is None:
