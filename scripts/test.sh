@@ -46,6 +46,8 @@ fi
 
 SUMMARY=()
 FAILED=0
+FAILURES=.cache/test-failures.log  # pytest's FAILED and ERROR lines, of every step
+rm -f "$FAILURES"
 
 # record STEP STATUS SECONDS [NOTE]
 record() {
@@ -76,7 +78,9 @@ pytest_run() {
     shift 2
     about="$(versions "$py")"
     echo "[test] $step: $about"
-    "$py" -m pytest "$@" || status=$?
+    # (tee: the failed tests' lines are repeated in the summary, which CI shows last)
+    "$py" -m pytest "$@" 2>&1 | tee ".cache/test-$step.out" || status=$?
+    grep -E '^(FAILED|ERROR) ' ".cache/test-$step.out" | cut -c1-160 | sed "s/^/$step: /" >>"$FAILURES" || true
     if [[ "$status" -eq 5 ]]; then
         if [[ "$step" == lowest && "$#" -gt 3 ]]; then
             # Only the browser test or slow tests were asked for: the newest step runs them.
@@ -169,4 +173,8 @@ fi
 
 echo "[test] summary:"
 printf '[test]   %s\n' "${SUMMARY[@]}"
+if [[ -s "$FAILURES" ]]; then
+    echo "[test] failed tests:"
+    sed 's/^/[test]   /' "$FAILURES"
+fi
 exit "$FAILED"

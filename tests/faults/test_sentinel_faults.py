@@ -278,8 +278,9 @@ async def _async_sale(
 
 def sale_flags(buyers: int) -> dict[str, Any]:
     """Events shared with the buyers: ``ready`` and ``served`` (one per buyer, set by it),
-    ``selling`` (set: the buyers may sell; the test clears and sets it), ``promoted``
-    (set by the test), ``stop`` (see :func:`stop_sale`)."""
+    ``selling`` (set: the buyers may sell; clear until :func:`sell` or the test sets
+    it, so that no sale precedes the count it starts from), ``promoted`` (set by the
+    test), ``stop`` (see :func:`stop_sale`)."""
     flags = {
         "ready": [event() for _ in range(buyers)],
         "served": [event() for _ in range(buyers)],
@@ -287,7 +288,6 @@ def sale_flags(buyers: int) -> dict[str, Any]:
         "promoted": event(),
         "stop": event(),
     }
-    flags["selling"].set()
     return flags
 
 
@@ -318,10 +318,11 @@ def start_buyers(kinds: list[Callable[..., dict]], *args: Any) -> list[Child]:
     return buyers
 
 
-def sell(buyers: list[Child], more: int) -> None:
-    """Until the sale made ``more`` reservations from now (fails at once, with its
-    traceback, when a buyer ended)."""
+def sell(buyers: list[Child], flags: dict[str, Any], more: int) -> None:
+    """Let the buyers sell (``flags["selling"]``) until the sale made ``more``
+    reservations from now (fails at once, with its traceback, when a buyer ended)."""
     target = Reservation.objects.count() + more
+    flags["selling"].set()
 
     def made() -> bool:
         for buyer in buyers:
@@ -413,11 +414,11 @@ def test_a_primary_killed_mid_sale_with_its_replica_behind_oversells_and_strands
         kinds = [_sync_buyer, _sync_buyer, _async_buyer, _async_buyer]
         buyers = start_buyers(kinds, shop, "kill-", False, None, flags)
         try:
-            sell(buyers, STEP)
+            sell(buyers, flags, STEP)
             old = deployment.primary()
             deployment.hold_replication(old)
             held_from = last_reservation_id()
-            sell(buyers, STEP)  # acknowledged by the primary alone
+            sell(buyers, flags, STEP)  # acknowledged by the primary alone
             lagged = Reservation.objects.filter(id__gt=held_from).count()
             lag = deployment.kill(old)
             deployment.wait_promoted(old)
@@ -476,7 +477,7 @@ def test_a_primary_cut_off_from_the_sentinels_loses_what_it_acknowledged_and_ove
             [_sync_buyer, _sync_buyer], minority_shop, "min-", True, MINORITY_QUOTA, minority_flags
         )
         try:
-            sell(minority, STEP)
+            sell(minority, minority_flags, STEP)
             old = deployment.primary()
             minority_flags["selling"].clear()  # (while the sentinels decide)
             deployment.partition(old)
@@ -500,6 +501,7 @@ def test_a_primary_cut_off_from_the_sentinels_loses_what_it_acknowledged_and_ove
             majority = start_buyers(
                 [_sync_buyer, _async_buyer], majority_shop, "maj-", True, None, majority_flags
             )
+            majority_flags["selling"].set()
             wait_until(
                 lambda: served(majority_flags, [0, 1]) and stock_level(SKU) == 0,
                 what="the majority's buyers to sell what the database has left",
