@@ -16,6 +16,7 @@ their tables.
 
 from __future__ import annotations
 
+import socket
 import time
 from bisect import bisect_right
 from collections import Counter
@@ -30,6 +31,7 @@ from . import support
 INSIDE = "bench:inside"  # processes inside a critical section right now
 WAITING = "bench:waiting"  # processes between acquire() and its grant
 BATCH = 10  # uncontended cycles between clock reads
+BARE = "bench:bare"  # the keys of the bare wake-ups
 
 
 def paired(a: Sequence[float], b: Sequence[float]) -> list[float]:
@@ -242,6 +244,46 @@ def _add_phase(entry: dict, phase: list[dict]) -> None:
         entry["gaps"].append(granted - r0)
         if to != index:
             entry["gaps_other"].append(granted - r0)
+
+
+# -- the bare wake-up: what no Redis lock can hand off faster than -----------------------
+
+
+def _resp(*parts: bytes) -> bytes:
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
+def _bare_wakeups(team, port: int, count: int) -> list[float]:  # runs in the child
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    watcher = redis.Redis(port=port) if team.index == 0 else None
+    times = []
+    for i in range(count):
+        key = f"{BARE}:{i}".encode()
+        if watcher is None:
+            sock.sendall(_resp(b"BLPOP", key, b"0"))
+        team.sync()
+        if watcher is not None:
+            while watcher.info("clients")["blocked_clients"] < 1:
+                pass  # (the other process's BLPOP is on its way)
+            times.append(time.monotonic())
+            sock.sendall(_resp(b"LPUSH", key, b"1"))
+            sock.recv(64)
+        else:
+            sock.recv(256)  # (its first bytes: the wake-up)
+            times.append(time.monotonic())
+    sock.close()
+    return times
+
+
+def bare_wakeups(port: int, count: int = 300) -> list[float]:
+    """``count`` bare wake-ups between two spawned processes (seconds each): one sends
+    LPUSH on a raw socket while the other waits in BLPOP on another; from before the
+    send to the waiter's read. No client library, no script, no lock: the floor of any
+    hand-off through this Redis on this machine."""
+    support.progress(f"bare wake-ups: {count} LPUSH -> BLPOP between two processes")
+    pushed, woken = support.run_workers(_bare_wakeups, 2, port, count)
+    return [w - p for p, w in zip(pushed, woken, strict=True)]
 
 
 def ms(seconds: float) -> str:
