@@ -497,13 +497,43 @@ class FailoverDeployment:
         primary. (A restarted primary, or one healed after a partition, reports itself
         a primary for a while: the sentinels reconfigure it after about 8 s.)"""
         primary = self.other(node)
-        wait_until(
-            _quietly(lambda: self._agreed_on(primary) and self._in_sync(node, primary)),
-            timeout=timeout or self.timeout,
-            interval=0.05,
-            what=f"{node} to rejoin as a replica of {primary}",
-        )
+        try:
+            wait_until(
+                _quietly(lambda: self._agreed_on(primary) and self._in_sync(node, primary)),
+                timeout=timeout or self.timeout,
+                interval=0.05,
+                what=f"{node} to rejoin as a replica of {primary}",
+            )
+        except AssertionError as timed_out:
+            raise AssertionError(f"{timed_out}\n{self.state(node)}") from None
         return primary
+
+    def state(self, node: Node, lines: int = 40) -> str:
+        """What the servers and sentinels say of ``node`` now, and the end of their logs
+        (for a wait's failure message: the deployment's directories go with it)."""
+        keys = ("role", "master_port", "master_link_status", "master_sync_in_progress")
+        out = []
+        for each in self.nodes:
+            info = each.replication()
+            out.append(f"{each}: " + ", ".join(f"{k}={info.get(k)}" for k in keys))
+        for sentinel in self.sentinels:
+            entry = self._replicas_known_by(sentinel).get(node.front.port, {})
+            try:
+                tilt = self._ask_sentinel(sentinel, "INFO", "sentinel").get("sentinel_tilt")
+            except (redis.RedisError, OSError) as exc:
+                tilt = exc
+            out.append(
+                f"sentinel :{sentinel.port}: names :{self._named_by(sentinel)}, tilt={tilt}, "
+                f"{node} flags={entry.get('flags')}"
+            )
+        for server in [*(each.server for each in self.nodes), *self.sentinels]:
+            try:
+                with open(os.path.join(server.dir, "redis.log"), encoding="utf-8") as log:
+                    tail = log.readlines()[-lines:]
+            except OSError as exc:
+                tail = [f"({exc})\n"]
+            out.append(f"-- log of :{server.port} --\n" + "".join(tail))
+        return "\n".join(out)
 
     def wait_in_sync(self, timeout: float | None = None) -> None:
         """Until the replica has processed everything the primary sent (offsets equal)."""
