@@ -102,6 +102,7 @@ def wait_then_run(
     if pool is None:
         return _plain_blpop(client, key, seconds), None
     deadline = time.monotonic() + seconds
+    lost = None if then is None else UNKNOWN  # (``then``'s reply when the wait is cut)
     for attempt in range(2):
         try:
             return _blpop(pool, key, max(deadline - time.monotonic(), MIN_WAIT), then)
@@ -114,11 +115,11 @@ def wait_then_run(
                 raise
             refresh_slot_map(client)
             if unblocked or attempt:  # cut by a failover: the holder may have changed, look again
-                return b"", (None if then is None else UNKNOWN)
+                return b"", lost
         # Sent to a node that no longer serves the key (a stale slot map): once more,
         # to the node the fresh map names, for what is left of the wait.
         if deadline <= time.monotonic():
-            return None, (None if then is None else UNKNOWN)
+            return None, lost
         pool = _pool_for(client, key)
     raise AssertionError("unreachable")  # pragma: no cover
 
