@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import Any
+from urllib.parse import urlparse
 
 import redis
 
@@ -31,7 +32,7 @@ from . import support
 INSIDE = "bench:inside"  # processes inside a critical section right now
 WAITING = "bench:waiting"  # processes between acquire() and its grant
 BATCH = 10  # uncontended cycles between clock reads
-BARE = "bench:bare"  # the keys of the bare wake-ups
+BATON = b"{bench:baton}"  # the baton list of :class:`BatonLock` (its marker: + ":made")
 
 
 def paired(a: Sequence[float], b: Sequence[float]) -> list[float]:
@@ -246,44 +247,44 @@ def _add_phase(entry: dict, phase: list[dict]) -> None:
             entry["gaps_other"].append(granted - r0)
 
 
-# -- the bare wake-up: what no Redis lock can hand off faster than -----------------------
+# -- the baton: what no Redis lock can hand off faster than --------------------------------
 
 
 def _resp(*parts: bytes) -> bytes:
     return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
 
 
-def _bare_wakeups(team, port: int, count: int) -> list[float]:  # runs in the child
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    watcher = redis.Redis(port=port) if team.index == 0 else None
-    times = []
-    for i in range(count):
-        key = f"{BARE}:{i}".encode()
-        if watcher is None:
-            sock.sendall(_resp(b"BLPOP", key, b"0"))
-        team.sync()
-        if watcher is not None:
-            while watcher.info("clients")["blocked_clients"] < 1:
-                pass  # (the other process's BLPOP is on its way)
-            times.append(time.monotonic())
-            sock.sendall(_resp(b"LPUSH", key, b"1"))
-            sock.recv(64)
-        else:
-            sock.recv(256)  # (its first bytes: the wake-up)
-            times.append(time.monotonic())
-    sock.close()
-    return times
+class BatonLock:
+    """The floor of a hand-off through Redis, as a contender of the contended loop: a
+    list of one element (the baton), taken with ``BLPOP`` and given back with ``LPUSH``
+    on a raw socket. No client library, script, lease, fence or lost-reply safety (a
+    holder that dies keeps the baton for ever): not a lock to use, the yardstick of
+    what one costs under the same load."""
 
+    MAKE = b"if redis.call('SET', KEYS[2], 1, 'NX') then redis.call('LPUSH', KEYS[1], 1) end"
 
-def bare_wakeups(port: int, count: int = 300) -> list[float]:
-    """``count`` bare wake-ups between two spawned processes (seconds each): one sends
-    LPUSH on a raw socket while the other waits in BLPOP on another; from before the
-    send to the waiter's read. No client library, no script, no lock: the floor of any
-    hand-off through this Redis on this machine."""
-    support.progress(f"bare wake-ups: {count} LPUSH -> BLPOP between two processes")
-    pushed, woken = support.run_workers(_bare_wakeups, 2, port, count)
-    return [w - p for p, w in zip(pushed, woken, strict=True)]
+    def __init__(self, url: str) -> None:
+        address = urlparse(url)
+        self._sock = socket.create_connection((address.hostname, address.port or 6379))
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._made = False
+
+    def _call(self, command: bytes, lines: int) -> None:
+        """Send ``command``; read its reply of ``lines`` CRLF-ended lines."""
+        self._sock.sendall(command)
+        reply = b""
+        while reply.count(b"\r\n") < lines:
+            reply += self._sock.recv(256)
+
+    def acquire(self) -> bool:
+        if not self._made:  # (a phase's first try: one process puts the baton in)
+            self._call(_resp(b"EVAL", self.MAKE, b"2", BATON, BATON + b":made"), 1)
+            self._made = True
+        self._call(_resp(b"BLPOP", BATON, b"0"), 5)  # *2, then two bulk strings
+        return True
+
+    def release(self) -> None:
+        self._call(_resp(b"LPUSH", BATON, b"1"), 1)
 
 
 def ms(seconds: float) -> str:
