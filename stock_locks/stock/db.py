@@ -1,6 +1,6 @@
 """The database baselines a Django team would write without Redis.
 
-``db_row_lock``: ``SELECT ... FOR UPDATE`` of the cart's rows in pk order, then
+``db_row_lock``: ``SELECT ... FOR UPDATE`` of the cart's rows in SKU order, then
 the guarded decrements. ``db_conditional``: per line ``UPDATE ... SET stock =
 stock - q WHERE sku = s AND stock >= q``, the transaction rolled back at the
 first line that matches no row. Both are correct; every attempt, refusals
@@ -28,7 +28,9 @@ class RowLockStrategy(StockStrategy):
     def _lock_then_take(self, lines: Cart) -> None:
         stock = self.stock
         rows = stock.objects.select_for_update().filter(**{f"{stock.sku}__in": list(lines)})
-        list(rows.order_by("pk").values_list("pk", flat=True))  # lock them, in pk order
+        # Locked in SKU order, the order every other writer takes them in (a release,
+        # db_conditional, the lock strategy): in another, two carts could deadlock.
+        list(stock.in_sku_order(rows).values_list("pk", flat=True))
         stock.take_conditionally(lines)
 
     def available(self, sku: str) -> int:

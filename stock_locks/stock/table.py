@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, cast
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, ProgrammingError, connections, models, router, transaction
+from django.db.models.functions import Collate
 from django.utils import timezone
 
 from ..conf import settings
@@ -361,9 +362,21 @@ class StockTable:
         return inserted
 
     def put_back(self, lines: Cart) -> None:
-        """In the caller's transaction: ``stock += qty`` per line."""
-        for sku, qty in lines.items():
-            self.objects.filter(**{self.sku: sku}).update(**{self.qty: models.F(self.qty) + qty})
+        """In the caller's transaction: ``stock += qty`` per line, in SKU order (a
+        reservation's lines come back from jsonb shorter keys first)."""
+        for sku in sorted(lines):
+            self.objects.filter(**{self.sku: sku}).update(
+                **{self.qty: models.F(self.qty) + lines[sku]}
+            )
+
+    def in_sku_order(self, rows: models.QuerySet) -> models.QuerySet:
+        """``rows`` ordered as ``sorted()`` orders SKUs (code points, the order every
+        writer takes rows in): PostgreSQL compares them byte by byte ("C"), not by
+        its collation's rules; SQLite does by default."""
+        column: Any = models.F(self.sku)
+        if connections[rows.db].vendor == "postgresql":
+            column = Collate(column, "C")
+        return rows.order_by(column)
 
 
 def together(connection: Any, statements: list[tuple[str, list[Any]]]) -> list[tuple[int, list]]:

@@ -40,17 +40,20 @@ def _stock_write_pattern() -> re.Pattern:
 
 
 @contextmanager
-def pause_before_stock_write(marker: Any) -> Iterator[None]:
-    """While active, this thread's first statement that writes the stock column
-    is preceded by :func:`stop_here` (marker set, process SIGSTOPped)."""
+def pause_before_stock_write(marker: Any, after: int = 0) -> Iterator[None]:
+    """While active, this thread's statement that writes the stock column after
+    ``after`` others did (0: its first) is preceded by :func:`stop_here` (marker
+    set, process SIGSTOPped): with ``after=1`` the process stops holding the row
+    lock of its first write, before it asks for the next row."""
     pattern = _stock_write_pattern()
-    fired = False
+    seen = 0
 
     def wrapper(execute, sql, params, many, context):
-        nonlocal fired
-        if not fired and pattern.search(sql):
-            fired = True
-            stop_here(marker)
+        nonlocal seen
+        if seen <= after and pattern.search(sql):
+            seen += 1
+            if seen > after:
+                stop_here(marker)
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(wrapper):
