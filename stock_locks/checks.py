@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -41,6 +42,7 @@ W006 = "stock_locks.W006"  # Sentinel-managed Redis with REPLICAS 0 (no WAIT on 
 W007 = "stock_locks.W007"  # Sentinel-managed primary with min-replicas-to-write 0
 W008 = "stock_locks.W008"  # a silent sentinel holds a call longer than the socket timeout
 W009 = "stock_locks.W009"  # REPLICA_TIMEOUT is not below the client's socket timeout
+W010 = "stock_locks.W010"  # PostgreSQL at REPEATABLE READ or SERIALIZABLE
 
 PING_TIMEOUT = 2  # seconds: the check never hangs on a Redis that does not answer
 TEXT_FIELDS = ("CharField", "TextField", "SlugField")
@@ -185,6 +187,7 @@ def _check_stock_model() -> list[checks.CheckMessage]:
         else:
             errors.append(checks.Warning(message, hint=hint + "from STRATEGIES.", id=W002))
     errors.extend(_check_sqlite(model))
+    errors.extend(_check_isolation(model))
     return errors
 
 
@@ -203,6 +206,35 @@ def _check_sqlite(model: Any) -> list[checks.CheckMessage]:
             hint='Set DATABASES[...]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", '
             '"timeout": 30} (Django >= 5.1), or use PostgreSQL for production.',
             id=W005,
+        )
+    ]
+
+
+def _check_isolation(model: Any) -> list[checks.CheckMessage]:
+    alias = router.db_for_write(model)
+    connection = connections[alias]
+    level = (connection.settings_dict.get("OPTIONS") or {}).get("isolation_level")
+    if connection.vendor != "postgresql" or level is None:
+        return []
+    # The levels of whichever psycopg the backend runs on (it loaded this module of Django's;
+    # psycopg is not a dependency of stock_locks).
+    drivers = sys.modules.get("django.db.backends.postgresql.psycopg_any")
+    try:
+        name = drivers.IsolationLevel(level).name if drivers else ""
+    except ValueError:
+        return []  # (psycopg refuses it when it connects)
+    if name not in ("REPEATABLE_READ", "SERIALIZABLE"):
+        return []
+    return [
+        checks.Warning(
+            f"DATABASES[{alias!r}] runs its transactions at {name.replace('_', ' ')}: of two "
+            "buyers of one SKU at once, the second fails ('could not serialize access due to "
+            "concurrent update') instead of waiting for the first and taking what is left.",
+            hint="stock_locks' stock writes are relative and guarded (stock = stock - n WHERE "
+            "stock >= n) and read what was committed before each statement: they need READ "
+            "COMMITTED, PostgreSQL's default. Remove OPTIONS['isolation_level'], or route the "
+            "stock model and stock_locks' models to an alias at READ COMMITTED.",
+            id=W010,
         )
     ]
 

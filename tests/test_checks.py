@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+from django.db import connections
 from django.test import override_settings
 
 from stock_locks import checks
@@ -69,6 +71,21 @@ def test_stock_model_and_strategy_settings_are_checked():
         assert ids(checks.check_settings()) == ["stock_locks.E005"]
     with override_settings(STOCK_LOCKS={"STRATEGY": "fast"}):
         assert ids(checks.check_settings()) == ["stock_locks.E003"]
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE_READ", "SERIALIZABLE"])
+def test_postgresql_above_read_committed_is_a_warning(level):
+    from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+    settings_dict = connections["default"].settings_dict
+    options = settings_dict.get("OPTIONS")
+    try:
+        settings_dict["OPTIONS"] = {**(options or {}), "isolation_level": IsolationLevel[level]}
+        assert ids(checks.check_settings()) == ["stock_locks.W010"]
+        settings_dict["OPTIONS"]["isolation_level"] = IsolationLevel.READ_COMMITTED
+        assert ids(checks.check_settings()) == []
+    finally:
+        settings_dict["OPTIONS"] = options
 
 
 def test_sharing_a_redis_database_with_another_cache_is_a_warning(settings, redis_server):
