@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections import Counter
 
 import redis
 import redis.asyncio as aredis
@@ -134,8 +135,16 @@ async def _commands_per_cycle(url: str, contenders: dict) -> dict[str, float]:
     return out
 
 
-async def _contend(make_lock, coroutines: int, count_clients) -> dict[str, float]:
-    """Each coroutine takes the lock once; (connections while waiting, seconds, handoffs)."""
+async def _contend(
+    make_lock, coroutines: int, count_clients, calls, try_command: str, polls: bool
+) -> dict[str, float]:
+    """Each coroutine takes the lock once; (connections while waiting, seconds, handoffs).
+
+    The holder releases once every coroutine waits: the server answered each one's first
+    try (``calls()``: the server's command counts; a try is ``try_command``) and, for a
+    contender whose waiters do not poll, its command count stopped moving (their waits
+    are set up), so that the handoffs meet waiters, not first tries still in flight
+    (a thousand take about half a second here)."""
     released_at: list[float] = []
     handoffs: list[float] = []
     holder = make_lock()
@@ -149,8 +158,16 @@ async def _contend(make_lock, coroutines: int, count_clients) -> dict[str, float
         released_at.append(time.perf_counter())
         await lock.release()
 
+    tried = (await asyncio.to_thread(calls))[try_command]
     tasks = [asyncio.create_task(one()) for _ in range(coroutines)]
-    await asyncio.sleep(0.3)  # (let every coroutine reach its wait)
+    deadline = time.monotonic() + 30
+    seen: Counter = Counter()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+        now = await asyncio.to_thread(calls)
+        if now[try_command] >= tried + coroutines and (polls or now == seen):
+            break
+        seen = now
     connections = await asyncio.to_thread(count_clients)
     start = time.perf_counter()
     released_at.append(time.perf_counter())
@@ -170,18 +187,21 @@ async def contended(url: str, args: argparse.Namespace, probe: redis.Redis) -> l
     def count_clients() -> int:
         return len(probe.client_list()) - 1  # (not the probe itself)
 
+    def calls() -> Counter:
+        return support.command_calls(probe)
+
     ours = await _contend(
-        lambda: aio.Lock(NAME + ":hot", ttl=30, timeout=600), args.coroutines, count_clients
-    )
+        lambda: aio.Lock(NAME + ":hot", ttl=30, timeout=600), args.coroutines, count_clients,
+        calls, "evalsha", polls=False,
+    )  # fmt: skip
     await aio.aclose()
     # (the same bound as ours: redis-py's default pool refuses a thousand at once)
     pool = aredis.BlockingConnectionPool.from_url(url, max_connections=32, timeout=600)
     client = aredis.Redis(connection_pool=pool)
     theirs = await _contend(
         lambda: client.lock(NAME + ":hot-redis-py", timeout=30, blocking_timeout=600),
-        args.coroutines,
-        count_clients,
-    )
+        args.coroutines, count_clients, calls, "set", polls=True,
+    )  # fmt: skip
     await client.aclose()
     await pool.disconnect()
     rows = [
