@@ -1,6 +1,6 @@
 """Every writer takes the stock rows of a cart in one order, so two carts never deadlock.
 
-A cart's SKUs are kept in SKU order (``cart.lines``), and every strategy
+A cart's SKUs are kept in SKU order (``cart.normalize_cart``), and every strategy
 writes, or locks, its rows in that order. Two paths did not:
 
 - A release (an unpaid order expiring, a cancel) put the units back in the
