@@ -19,6 +19,8 @@ must finish, and the units add up in the database.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 
 from stock_locks.stock import get_strategy
@@ -52,11 +54,8 @@ def _release(order_ref: str, pause) -> bool:
 
 def _reserve(strategy: str, order_ref: str, pause) -> str:
     """Reserve the cart with ``strategy``; with ``pause``, stop after the first stock write."""
-    if pause is None:
+    with pause_before_stock_write(pause, after=1) if pause else nullcontext():
         get_strategy(strategy).reserve(order_ref, CART)
-    else:
-        with pause_before_stock_write(pause, after=1):
-            get_strategy(strategy).reserve(order_ref, CART)
     return "reserved"
 
 
