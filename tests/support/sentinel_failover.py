@@ -372,6 +372,26 @@ class FailoverDeployment:
     def _agreed_on(self, node: Node) -> bool:
         return all(self._named_by(s) == node.front.port for s in self.sentinels)
 
+    def _heard_by_all(self, node: Node) -> bool:
+        """Every sentinel names ``node`` as the primary and has heard it since: a link up,
+        its INFO read (a run id) and no PING waiting for a reply (``last-ping-sent`` 0).
+
+        A sentinel that switches to a new primary counts that primary's silence from the
+        switch, but may wait up to a second (its reconnect period) before it dials it:
+        with down-after 1 s, a new primary a sentinel has not heard yet can be judged
+        down at once and failed over again, to whichever replica answers, such as the
+        old primary just restarted empty."""
+        for sentinel in self.sentinels:
+            entry = _pairs(self._ask_sentinel(sentinel, "SENTINEL", "MASTER", self.service))
+            if not (
+                int(entry["port"]) == node.front.port
+                and entry["flags"] == "master"
+                and entry.get("runid")
+                and int(entry["last-ping-sent"]) == 0
+            ):
+                return False
+        return True
+
     def _in_sync(self, replica: Node, primary: Node) -> bool:
         """``replica`` replicates ``primary`` (at its front), link up, and every sentinel
         lists it as a replica that is neither down nor disconnected."""
@@ -481,13 +501,15 @@ class FailoverDeployment:
     # -- waiting for the sentinels ---------------------------------------------------------------
 
     def wait_promoted(self, old: Node, timeout: float | None = None) -> Node:
-        """Until the other node is a primary and every sentinel names it; returns it."""
+        """Until the other node is a primary, every sentinel names it and has heard it
+        answer since (:meth:`_heard_by_all`: until then the sentinels may fail it over
+        again); returns it."""
         new = self.other(old)
         wait_until(
-            _quietly(lambda: new.role() == "master" and self._agreed_on(new)),
+            _quietly(lambda: new.role() == "master" and self._heard_by_all(new)),
             timeout=timeout or self.timeout,
             interval=0.02,
-            what=f"{new} promoted and named by every sentinel",
+            what=f"{new} promoted, named and heard by every sentinel",
         )
         return new
 
