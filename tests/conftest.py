@@ -11,12 +11,15 @@
 - ``cluster_client``: a ``RedisCluster`` client (bytes replies) of the test
   process's shared Redis Cluster (3 masters), flushed; tests/cluster/conftest.py
   has its own (str replies).
+- ``django_db_setup``: pytest-django's, which also closes, before the test
+  database is dropped, the connection left in asgiref's thread.
 
 Tests under a ``faults/`` directory (tests/faults, tests/demo/faults) are marked ``faults``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 from collections.abc import Callable, Iterator
@@ -24,7 +27,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connections
 from django.test import override_settings
 
 from stock_locks.backends.redis import registry
@@ -39,6 +44,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "faults" in Path(item.path).resolve().relative_to(TESTS).parts[:-1]:
             item.add_marker(pytest.mark.faults)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None) -> Iterator[None]:
+    yield
+    # A test that runs async code with asyncio.run() (no async_to_sync around it) leaves
+    # the connection of its ORM calls open in asgiref's one thread for sync_to_async,
+    # where no request ends to close it; the test database could not be dropped.
+    asyncio.run(sync_to_async(connections.close_all)())
 
 
 @pytest.fixture(scope="session")
