@@ -11,13 +11,14 @@
 #            many-process proofs marked slow (their calls are the same as the rest's)
 #            and the fault suite (tests/faults: it kills and pauses servers for ~3 min;
 #            it runs once, on the newest releases)
-#   faults   (without pytest args) the fault suite (-m faults) in .venv, last, once the
-#            other steps are done: its kills and pauses run on timers of their own
+#   faults   (without pytest args) the fault suite (-m faults) in .venv, as a step of
+#            its own: it kills, pauses and cuts servers on timers of its own
 #
-# The newest and lowest steps run side by side (both mostly wait on their servers and
-# processes): the lowest step's output goes to .cache/test-lowest.log and is printed
-# after the newest step's. It uses its own database (DATABASE_URL's name + "_lowest")
-# and its own redis-servers, as every test run does.
+# Two streams run side by side (the tests mostly wait on their servers and processes):
+# the newest step in the foreground; the lowest step, then the fault suite, in the
+# background, their output in .cache/test-beside.log, printed after the newest step's.
+# Each step of the background uses its own database (DATABASE_URL's name + "_lowest",
+# + "_faults") and its own redis-servers, as every test run does.
 # Sets up both virtualenvs and PostgreSQL (scripts/setup.sh --lowest), exports
 # DATABASE_URL from .cache/env.sh; the tests start their own redis-server processes.
 # Every step runs even when an earlier one failed; the exit status is 1 if any failed.
@@ -107,10 +108,11 @@ if wants lint; then
     record lint "$status" "$((SECONDS - start))" "ruff, mypy, lint-imports (stock_locks)"
 fi
 
-# The lowest step's database: DATABASE_URL's with "_lowest" appended to its name
-# (created when missing), so its test database does not collide with the newest's.
-lowest_database_url() {
-    .venv/bin/python - "$DATABASE_URL" <<'PY'
+# step_database_url SUFFIX: DATABASE_URL with "_SUFFIX" appended to the database's name
+# (created when missing), so that a step's test database does not collide with the
+# newest step's.
+step_database_url() {
+    .venv/bin/python - "$DATABASE_URL" "$1" <<'PY'
 import sys
 from urllib.parse import urlsplit, urlunsplit
 
@@ -121,7 +123,7 @@ url = urlsplit(sys.argv[1])
 if not url.scheme.startswith("postgres"):
     print(sys.argv[1])  # not PostgreSQL: used as is
     sys.exit()
-name = url.path.lstrip("/") + "_lowest"
+name = f"{url.path.lstrip('/')}_{sys.argv[2]}"
 admin = urlunsplit(url._replace(path="/postgres"))
 with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
     if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
@@ -140,28 +142,38 @@ run_lowest() {
         -m "not slow and not faults" "$@"
 }
 
-LOWEST_PID=""
-LOWEST_LOG=.cache/test-lowest.log
-LOWEST_SUMMARY=.cache/test-lowest.summary
-if wants lowest && wants newest; then
-    rm -f "$LOWEST_SUMMARY"
-    lowest_url="$(lowest_database_url)"
-    echo "[test] lowest: running beside the newest step (output: $LOWEST_LOG, printed after it)"
-    (
-        export DATABASE_URL="$lowest_url"
-        run_lowest "$@"
-        printf '%s\n' "${SUMMARY[-1]}" >"$LOWEST_SUMMARY"
-    ) >"$LOWEST_LOG" 2>&1 &
-    LOWEST_PID=$!
-fi
-
-# With no pytest args, the newest step leaves the fault suite (-m faults: it kills,
-# pauses and cuts servers on timers of their own) to a step of its own, run last,
-# alone on the machine: beside the lowest step, a restarted Sentinel primary once
-# took over 90 s to rejoin. (It adds ~2 min to the run: the suite takes ~4.5 alone.)
+# With no pytest args, the newest step leaves the fault suite (-m faults) to a step of
+# its own: in the background stream after the lowest step (last, when there is no
+# lowest step), so that the two streams take about as long as each other.
 SPLIT_FAULTS=""
 if wants newest && [[ "$#" -eq 0 ]]; then
     SPLIT_FAULTS=1
+fi
+
+run_faults() {
+    pytest_run faults .venv/bin/python -m faults
+}
+
+BESIDE_PID=""
+BESIDE_LOG=.cache/test-beside.log
+BESIDE_SUMMARY=.cache/test-beside.summary
+if wants lowest && wants newest; then
+    rm -f "$BESIDE_SUMMARY"
+    lowest_url="$(step_database_url lowest)"
+    faults_url="$(step_database_url faults)"
+    echo "[test] lowest${SPLIT_FAULTS:+, then faults}: running beside the newest step" \
+        "(output: $BESIDE_LOG, printed after it)"
+    (
+        export DATABASE_URL="$lowest_url"
+        run_lowest "$@"
+        printf '%s\n' "${SUMMARY[-1]}" >>"$BESIDE_SUMMARY"
+        if [[ -n "$SPLIT_FAULTS" ]]; then
+            export DATABASE_URL="$faults_url"
+            run_faults
+            printf '%s\n' "${SUMMARY[-1]}" >>"$BESIDE_SUMMARY"
+        fi
+    ) >"$BESIDE_LOG" 2>&1 &
+    BESIDE_PID=$!
 fi
 
 if wants newest; then
@@ -172,23 +184,28 @@ if wants newest; then
     fi
 fi
 
-if [[ -n "$LOWEST_PID" ]]; then
-    wait "$LOWEST_PID" || true
-    echo "[test] ---- lowest step's output ($LOWEST_LOG) ----"
-    cat "$LOWEST_LOG"
-    if [[ -s "$LOWEST_SUMMARY" ]]; then
-        line="$(cat "$LOWEST_SUMMARY")"
-        SUMMARY+=("$line")
-        [[ "$line" != *FAILED* ]] || FAILED=1
-    else
-        record lowest 1 0 "the step ended without a result (see its output above)"
+if [[ -n "$BESIDE_PID" ]]; then
+    wait "$BESIDE_PID" || true
+    echo "[test] ---- the background stream's output ($BESIDE_LOG) ----"
+    cat "$BESIDE_LOG"
+    results=0
+    if [[ -s "$BESIDE_SUMMARY" ]]; then
+        while IFS= read -r line; do
+            SUMMARY+=("$line")
+            results=$((results + 1))
+            [[ "$line" != *FAILED* ]] || FAILED=1
+        done <"$BESIDE_SUMMARY"
     fi
-elif wants lowest; then
-    run_lowest "$@"
-fi
-
-if [[ -n "$SPLIT_FAULTS" ]]; then
-    pytest_run faults .venv/bin/python -m faults
+    if [[ "$results" -lt $((SPLIT_FAULTS ? 2 : 1)) ]]; then
+        record beside 1 0 "the background stream ended without every result (see its output above)"
+    fi
+else
+    if wants lowest; then
+        run_lowest "$@"
+    fi
+    if [[ -n "$SPLIT_FAULTS" ]]; then
+        run_faults
+    fi
 fi
 
 echo "[test] summary:"
