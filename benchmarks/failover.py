@@ -1103,7 +1103,7 @@ class Bench:
             result.lag_bytes = d.kill(primary)
             t_fault = time.monotonic()
             new = d.wait_promoted(primary)
-            result.promoted = time.monotonic() - t_fault
+            result.promoted = d.promoted_at - t_fault
             d.restart(primary, as_replica_of=new)  # (a supervisor; empty, a replica at once)
             result.decrements, result.give_backs, result.moves_exact = moves_lost(frozen, final)
             self.observe(
@@ -1141,7 +1141,7 @@ class Bench:
             watcher = Watcher(primary, marker)
             watcher.start()
             new = d.wait_promoted(primary)
-            result.promoted = time.monotonic() - t_fault
+            result.promoted = d.promoted_at - t_fault
             # This process's clients of the majority side: forget the old primary.
             get_backend().client.connection_pool.disconnect()
             self.buyers.go(1)

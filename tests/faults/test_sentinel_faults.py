@@ -304,6 +304,23 @@ def served(flags: dict[str, Any], indexes: range | list[int]) -> bool:
     return any(flags["served"][i].is_set() for i in indexes)
 
 
+def wait_for_sale(
+    buyers: list[Child], flags: dict[str, Any], predicate: Callable[[], Any], what: str
+) -> None:
+    """``wait_until(predicate)``; when it times out, the sale stops and the error says
+    what each buyer saw and what the database holds."""
+    try:
+        wait_until(predicate, what=what)
+    except AssertionError as timed_out:
+        stop_sale(flags)
+        tallies = [buyer.result()["tally"] for buyer in buyers]
+        stock = dict(Item.objects.values_list("code", "on_hand"))
+        statuses = Counter(Reservation.objects.values_list("status", flat=True))
+        raise AssertionError(
+            f"{timed_out}\nbuyers saw: {tallies}\nstock: {stock}, reservations: {statuses}"
+        ) from None
+
+
 def start_buyers(kinds: list[Callable[..., dict]], *args: Any) -> list[Child]:
     """One process per entry of ``kinds`` (``_sync_buyer`` or ``_async_buyer``), each
     given its index and ``args``; returns once every one is ready to sell."""
@@ -423,11 +440,16 @@ def test_a_primary_killed_mid_sale_with_its_replica_behind_oversells_and_strands
             sell(buyers, flags, STEP)  # acknowledged by the primary alone
             lagged = Reservation.objects.filter(id__gt=held_from).count()
             lag = deployment.kill(old)
-            deployment.wait_promoted(old)
+            # From now on a reserve succeeds on the promoted replica alone (the old primary
+            # is dead, a replica refuses writes): the flag goes up before the promotion,
+            # so that the sale cannot sell out before its first success is counted.
             flags["promoted"].set()
-            wait_until(
+            deployment.wait_promoted(old)
+            wait_for_sale(
+                buyers,
+                flags,
                 lambda: served(flags, [0, 1]) and served(flags, [2, 3]),
-                what="a sync and an asyncio buyer served by the promoted replica",
+                "a sync and an asyncio buyer served by the promoted replica",
             )
         finally:
             stop_sale(flags)
@@ -486,9 +508,11 @@ def test_a_primary_cut_off_from_the_sentinels_loses_what_it_acknowledged_and_ove
             new = deployment.wait_promoted(old)
             minority_flags["selling"].set()
             minority_flags["promoted"].set()
-            wait_until(
+            wait_for_sale(
+                minority,
+                minority_flags,
                 lambda: served(minority_flags, [0, 1]),
-                what="a buyer on the old primary's side served there after the promotion",
+                "a buyer on the old primary's side served there after the promotion",
             )
             # Acknowledged by the old primary after the promotion: a grant, a decrement.
             stale = Lock("split:row", ttl=60)
@@ -504,9 +528,11 @@ def test_a_primary_cut_off_from_the_sentinels_loses_what_it_acknowledged_and_ove
                 [_sync_buyer, _async_buyer], majority_shop, "maj-", True, None, majority_flags
             )
             majority_flags["selling"].set()
-            wait_until(
+            wait_for_sale(
+                majority,
+                majority_flags,
                 lambda: served(majority_flags, [0, 1]) and stock_level(SKU) == 0,
-                what="the majority's buyers to sell what the database has left",
+                "the majority's buyers to sell what the database has left",
             )
             # A second holder of the same lock, granted by the promoted replica.
             fresh = Lock("split:row", ttl=60, backend="majority")

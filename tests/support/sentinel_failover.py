@@ -49,6 +49,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -244,6 +245,7 @@ class FailoverDeployment:
         self.nodes: list[Node] = []
         self.sentinels: list[RedisServer] = []
         self.far_sentinels: list[FaultProxy] = []
+        self.promoted_at = 0.0  # (wait_promoted)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -373,8 +375,8 @@ class FailoverDeployment:
         return all(self._named_by(s) == node.front.port for s in self.sentinels)
 
     def _heard_by_all(self, node: Node) -> bool:
-        """Every sentinel names ``node`` as the primary and has heard it since: a link up,
-        its INFO read (a run id) and no PING waiting for a reply (``last-ping-sent`` 0).
+        """Every sentinel names ``node`` as the primary and has heard it since: a link up
+        and no PING waiting for a reply (``last-ping-sent`` 0; a switch starts the wait).
 
         A sentinel that switches to a new primary counts that primary's silence from the
         switch, but may wait up to a second (its reconnect period) before it dials it:
@@ -386,7 +388,6 @@ class FailoverDeployment:
             if not (
                 int(entry["port"]) == node.front.port
                 and entry["flags"] == "master"
-                and entry.get("runid")
                 and int(entry["last-ping-sent"]) == 0
             ):
                 return False
@@ -501,15 +502,24 @@ class FailoverDeployment:
     # -- waiting for the sentinels ---------------------------------------------------------------
 
     def wait_promoted(self, old: Node, timeout: float | None = None) -> Node:
-        """Until the other node is a primary, every sentinel names it and has heard it
-        answer since (:meth:`_heard_by_all`: until then the sentinels may fail it over
+        """Until the other node is a primary and every sentinel names it (then
+        :attr:`promoted_at` is the monotonic time), and until every sentinel has heard
+        it answer since (:meth:`_heard_by_all`: before, the sentinels may fail it over
         again); returns it."""
         new = self.other(old)
+        deadline = time.monotonic() + (timeout or self.timeout)
         wait_until(
-            _quietly(lambda: new.role() == "master" and self._heard_by_all(new)),
+            _quietly(lambda: new.role() == "master" and self._agreed_on(new)),
             timeout=timeout or self.timeout,
             interval=0.02,
-            what=f"{new} promoted, named and heard by every sentinel",
+            what=f"{new} promoted and named by every sentinel",
+        )
+        self.promoted_at = time.monotonic()
+        wait_until(
+            _quietly(lambda: self._heard_by_all(new)),
+            timeout=max(0.0, deadline - self.promoted_at),
+            interval=0.02,
+            what=f"every sentinel to hear {new} since its promotion",
         )
         return new
 
