@@ -414,6 +414,49 @@ def test_the_dashboard_and_the_scrape_show_each_room(admin_client, sale_event):
     assert 'stock_locks_waiting_room_sold_out{event="kettles"} 0' in text
 
 
+def test_the_dashboard_clears_a_room_after_the_sale_and_audits_it(
+    admin_client, sale_event, redis_client
+):
+    from django.test import Client
+    from django.urls import reverse
+
+    from stock_locks.models import AuditEntry
+    from tests.support.served_page import ServedPage
+
+    assert Client().get("/sale/order/").status_code == 200  # admitted: the one slot
+    for _ in range(2):
+        Client().get("/sale/order/", HTTP_ACCEPT="application/json")  # two wait
+    keys = room_events.room_for("kettles").keys.script_keys()
+    held = redis_client.exists(*keys)
+    assert held > 0
+
+    page = ServedPage(admin_client.get(reverse("admin:stock_locks_dashboard")).content.decode())
+    [row] = page.rows("sl-rooms")
+    [clear] = [
+        link["attrs"]["href"]
+        for cell in row["cells"]
+        for link in cell["links"]
+        if link["text"] == "Clear"
+    ]
+    confirm = admin_client.get(clear)
+    assert confirm.status_code == 200 and b'name="event" value="kettles"' in confirm.content
+    assert redis_client.exists(*keys) == held  # asking changes nothing
+
+    url = reverse("admin:stock_locks_dashboard_action", args=["clear_room"])
+    admin_client.post(url, {"event": "nope", "confirm": "yes"})  # no such event
+    assert redis_client.exists(*keys) == held
+    assert admin_client.post(url, {"event": "kettles", "confirm": "yes"}).status_code == 302
+    assert redis_client.exists(*keys) == 0
+
+    refused, cleared = AuditEntry.objects.filter(action="clear_room").order_by("id")
+    assert (refused.target, refused.displaced) == ("nope", None)
+    assert "nothing cleared" in refused.outcome
+    assert cleared.target == "kettles"
+    assert (cleared.displaced["waiting"], cleared.displaced["admitted"]) == (2, 1)
+    # The room starts again, its one slot free: the next visitor goes through.
+    assert Client().get("/sale/order/").status_code == 200
+
+
 def test_admin_lists_and_adds_events(admin_client, sale_event):
     listing = admin_client.get("/admin/stock_locks/event/")
     assert listing.status_code == 200 and b"kettles" in listing.content

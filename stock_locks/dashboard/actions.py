@@ -19,6 +19,7 @@ from ..holder import LockInfo
 from ..models import AuditEntry
 from ..operations import evict_holder, force_release, semaphore_state
 from ..stock.reconcile import fix_drift, stock_report
+from ..waitingroom.operator import clear_room
 from .snapshot import TOKEN_SHOWN
 
 
@@ -95,6 +96,18 @@ def reconcile_stock() -> Outcome:
     )
 
 
+def clear_waiting_room(slug: str) -> Outcome:
+    cleared = clear_room(slug)
+    if cleared is None:
+        return Outcome(False, f"no waiting-room event {slug!r}; nothing cleared")
+    return Outcome(
+        True,
+        f"waiting room {slug!r} cleared: {cleared['waiting']} waiting, "
+        f"{cleared['prequeued']} pre-queued and {cleared['admitted']} admitted forgotten",
+        cleared,
+    )
+
+
 def dead_letter(queue: str, item_id: str) -> dict[str, Any] | None:
     """One dead letter of ``queue`` (JSON-ready), or None."""
     for letter in DelayQueue(queue).dead_letters(limit=10_000):
@@ -110,6 +123,7 @@ ACTIONS: dict[str, tuple[Callable[..., Outcome], tuple[str, ...]]] = {
     "requeue": (requeue_dead_letter, ("queue", "id")),
     "discard": (discard_dead_letter, ("queue", "id")),
     "reconcile": (reconcile_stock, ()),
+    "clear_room": (clear_waiting_room, ("event",)),
 }
 
 

@@ -15,6 +15,7 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from ..waitingroom.operator import room_row
 from .actions import ACTIONS, dead_letter, perform, semaphore_holder, shown
 from .snapshot import STOCK_ORDERS, lock_holder, snapshot, stock
 
@@ -175,5 +176,13 @@ def _describe(action: str, params: dict[str, str]) -> tuple[str, dict | None, di
         letter = dead_letter(params["queue"], params["id"])
         verb = "Requeue" if action == "requeue" else "Discard"
         return f"{verb} dead letter {params['id']!r} of queue {params['queue']!r}?", letter, params
+    if action == "clear_room":
+        room = room_row(params["event"]) if params["event"] else None
+        return (
+            f"Clear the waiting room of event {params['event']!r}: forget every place and "
+            "admission slot? Web processes that saw it hold admission for one pass refresh.",
+            room,
+            params,
+        )
     drifting = {row["sku"]: row["drift"] for row in stock()["rows"] if row["drift"]}
     return "Reconcile stock: set Redis from the database?", {"drifting SKUs": drifting}, params

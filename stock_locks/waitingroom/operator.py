@@ -21,26 +21,53 @@ def room_rows(limit: int = ROOMS_SHOWN) -> list[dict[str, Any]]:
     Blocking: one database query, one round trip per event. Raises
     :class:`~stock_locks.exceptions.RedisUnavailable`.
     """
-    rows = []
-    for event in Event.objects.order_by("-start")[:limit]:
-        spec = spec_of(event)
-        stats = WaitingRoom(spec).stats()
-        if not spec.enabled:
-            state = "off"
-        elif time.time() * 1000 < spec.start_ms:
-            state = "not started"
-        else:
-            state = "sold out" if stats.sold_out else "open"
-        rows.append({
-            "slug": spec.slug, "name": event.name, "state": state,
-            "start": event.start.isoformat(), "waiting": stats.waiting,
-            "prequeued": stats.prequeued, "admitted": stats.admitted,
-            "max_active": spec.max_active, "admitted_per_second": stats.admitted_per_second,
-            "admitted_total": stats.admitted_total,
-            "abandoned": stats.abandoned_waiting + stats.abandoned_admitted,
-            "left": stats.left,
-        })  # fmt: skip
-    return rows
+    return [_row(event) for event in Event.objects.order_by("-start")[:limit]]
+
+
+def room_row(slug: str) -> dict[str, Any] | None:
+    """The :func:`room_rows` row of the event ``slug``, or None when there is none.
+    Blocking as :func:`room_rows` for one event."""
+    event = Event.objects.filter(slug=slug).first()
+    return None if event is None else _row(event)
+
+
+def clear_room(slug: str) -> dict[str, Any] | None:
+    """Forget the Redis state of the event ``slug``'s room (every place, admission
+    slot and figure: :meth:`WaitingRoom.clear`), after the sale; its row as it was just
+    before, or None when no event has that slug (nothing cleared). A pass handed out
+    before goes through until its next renewal (at most ``WAITING_ROOM_PASS_REFRESH``
+    seconds), which Redis then refuses; a web process that saw the room holds
+    admission for one pass refresh, as after a lost state.
+
+    Blocking: one database query, two round trips. Raises
+    :class:`~stock_locks.exceptions.RedisUnavailable`.
+    """
+    event = Event.objects.filter(slug=slug).first()
+    if event is None:
+        return None
+    row = _row(event)
+    WaitingRoom(spec_of(event)).clear()
+    return row
+
+
+def _row(event: Event) -> dict[str, Any]:
+    spec = spec_of(event)
+    stats = WaitingRoom(spec).stats()
+    if not spec.enabled:
+        state = "off"
+    elif time.time() * 1000 < spec.start_ms:
+        state = "not started"
+    else:
+        state = "sold out" if stats.sold_out else "open"
+    return {
+        "slug": spec.slug, "name": event.name, "state": state,
+        "start": event.start.isoformat(), "waiting": stats.waiting,
+        "prequeued": stats.prequeued, "admitted": stats.admitted,
+        "max_active": spec.max_active, "admitted_per_second": stats.admitted_per_second,
+        "admitted_total": stats.admitted_total,
+        "abandoned": stats.abandoned_waiting + stats.abandoned_admitted,
+        "left": stats.left,
+    }  # fmt: skip
 
 
 GAUGES = (

@@ -137,7 +137,7 @@
   }
 
   function roomRow(room) {
-    return el(
+    const row = el(
       "tr",
       { "data-room": room.slug },
       cell(`${room.name} (${room.slug})`),
@@ -150,6 +150,10 @@
       cell(room.abandoned, "num"),
       cell(room.left, "num"),
     );
+    if (actionUrl) {
+      row.append(el("td", null, actionLink("clear_room", { event: room.slug }, "Clear")));
+    }
+    return row;
   }
 
   function deadLetterRows(queues) {
@@ -259,7 +263,8 @@
     fill("sl-queues", snapshot.delay_queues.map(queueRow), 6, "No delay queue.");
     fill("sl-dead", deadLetterRows(snapshot.delay_queues), 6 + actionColumn, "No dead letters.");
     if (document.getElementById("sl-rooms")) {
-      fill("sl-rooms", snapshot.waiting_rooms.map(roomRow), 9, "No waiting-room event.");
+      fill("sl-rooms", snapshot.waiting_rooms.map(roomRow), 9 + actionColumn,
+        "No waiting-room event.");
     }
     const stock = snapshot.stock;
     document.getElementById("sl-drifting").textContent = String(stock.drifting);
