@@ -14,7 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ..backends.redis.errors import translated
 from ..delayqueue import DelayQueue
+from ..exceptions import BackendUnavailable
 from ..holder import LockInfo
 from ..models import AuditEntry
 from ..operations import evict_holder, force_release, semaphore_state
@@ -128,9 +130,23 @@ ACTIONS: dict[str, tuple[Callable[..., Outcome], tuple[str, ...]]] = {
 
 
 def perform(action: str, params: dict[str, str], user: Any) -> Outcome:
-    """Run ``action`` with ``params`` for ``user`` and write its audit row."""
+    """Run ``action`` with ``params`` for ``user`` and write its audit row. Raises
+    :class:`~stock_locks.exceptions.BackendUnavailable` when the backend did not
+    answer, audited too: whether the action ran is then not known."""
     func, names = ACTIONS[action]
-    outcome = func(*(params[name] for name in names))
+    try:
+        with translated():  # (some read Redis with redis-py's client directly)
+            outcome = func(*(params[name] for name in names))
+    except BackendUnavailable as exc:
+        _audit(action, params, names, user, Outcome(False, f"outcome not known: {exc}"))
+        raise
+    _audit(action, params, names, user, outcome)
+    return outcome
+
+
+def _audit(
+    action: str, params: dict[str, str], names: tuple[str, ...], user: Any, outcome: Outcome
+) -> None:
     AuditEntry.objects.create(
         user=user if getattr(user, "pk", None) else None,
         username=getattr(user, "get_username", lambda: "")() or "?",
@@ -139,4 +155,3 @@ def perform(action: str, params: dict[str, str], user: Any) -> Outcome:
         displaced=outcome.displaced,
         outcome=outcome.message[:300],
     )
-    return outcome

@@ -15,6 +15,9 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from ..backends.redis.errors import translated
+from ..conf import settings
+from ..exceptions import BackendUnavailable
 from ..waitingroom.operator import room_row
 from .actions import ACTIONS, dead_letter, perform, semaphore_holder, shown
 from .snapshot import STOCK_ORDERS, lock_holder, snapshot, stock
@@ -31,7 +34,10 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     (``script-src 'self'; style-src 'self'``) lets it all run."""
     _require(request, VIEW_PERMISSION)
     query = _query(request)
-    page_data = snapshot(query.search, query.page, query.window, query.order)
+    try:
+        page_data = snapshot(query.search, query.page, query.window, query.order)
+    except BackendUnavailable as exc:
+        return _unavailable(f"{exc}. The dashboard reads Redis: reload it once Redis answers.")
     context = {
         **model_admin.admin_site.each_context(request),
         "title": "Locks, semaphores, delay queues and stock",
@@ -67,25 +73,35 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
 def json_view(model_admin: Any, request: HttpRequest) -> JsonResponse:
     _require(request, VIEW_PERMISSION)
     query = _query(request)
-    return JsonResponse(snapshot(query.search, query.page, query.window, query.order))
+    try:
+        return JsonResponse(snapshot(query.search, query.page, query.window, query.order))
+    except BackendUnavailable as exc:
+        return JsonResponse({"error": str(exc)}, status=settings.REDIS_UNAVAILABLE_STATUS)
 
 
 def action_view(model_admin: Any, request: HttpRequest, action: str) -> HttpResponse:
     """GET: what the action would displace, and a confirm form. POST with
-    confirm=yes (CSRF-checked by the admin): do it, audit it, go back."""
+    confirm=yes (CSRF-checked by the admin): do it, audit it, go back. The backend
+    unavailable: 503 (``REDIS_UNAVAILABLE_STATUS``) and a message."""
     _require(request, FORCE_PERMISSION)
     if action not in ACTIONS:
         raise Http404(f"no dashboard action {action!r}")
     source = request.POST if request.method == "POST" else request.GET
     params = {name: source.get(name, "") for name in ACTIONS[action][1]}
-    if request.method == "POST" and request.POST.get("confirm") == "yes":
-        if not all(params.values()):
-            return HttpResponse("missing parameters", status=400)
-        outcome = perform(action, params, request.user)
-        level = messages.SUCCESS if outcome.done else messages.WARNING
-        model_admin.message_user(request, outcome.message, level)
-        return redirect("admin:stock_locks_dashboard")
-    title, details, params = _describe(action, params)
+    confirmed = request.method == "POST" and request.POST.get("confirm") == "yes"
+    try:
+        if confirmed:
+            if not all(params.values()):
+                return HttpResponse("missing parameters", status=400)
+            outcome = perform(action, params, request.user)
+            level = messages.SUCCESS if outcome.done else messages.WARNING
+            model_admin.message_user(request, outcome.message, level)
+            return redirect("admin:stock_locks_dashboard")
+        with translated():
+            title, details, params = _describe(action, params)
+    except BackendUnavailable as exc:
+        done = "whether it ran is not known (audited)" if confirmed else "nothing done"
+        return _unavailable(f"{exc}; {done}. The dashboard shows the state once it answers.")
     context = {
         **model_admin.admin_site.each_context(request),
         "title": title,
@@ -96,6 +112,14 @@ def action_view(model_admin: Any, request: HttpRequest, action: str) -> HttpResp
         "ready": details is not None,
     }
     return TemplateResponse(request, "admin/stock_locks/confirm.html", context)
+
+
+def _unavailable(message: str) -> HttpResponse:
+    return HttpResponse(
+        message,
+        status=settings.REDIS_UNAVAILABLE_STATUS,
+        content_type="text/plain; charset=utf-8",
+    )
 
 
 def _require(request: HttpRequest, permission: str) -> None:

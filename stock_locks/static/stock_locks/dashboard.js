@@ -285,7 +285,10 @@
           credentials: "same-origin",
         });
         if (response.redirected) throw new Error("signed out? reload the page");
-        if (!response.ok) throw new Error(`HTTP ${response.status}`);
+        if (!response.ok) {
+          const detail = await response.json().then((body) => body.error, () => "");
+          throw new Error(`HTTP ${response.status}${detail ? `: ${detail}` : ""}`);
+        }
         render(await response.json());
         error.textContent = "";
         root.dataset.refreshes = String(++refreshes);
